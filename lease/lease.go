@@ -1,0 +1,133 @@
+// Package lease keeps every running job on a leash: a Lease per claimed job holding its fencing
+// token and a trust deadline on the monotonic clock, a Keeper that renews all of a worker's
+// leases in one statement per heartbeat, and a Rescuer that takes back jobs whose lease expired.
+// A lease ends with one of the sentinel causes below, which cancel the job's context.
+package lease
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Causes a job's context is cancelled with; match them with errors.Is(context.Cause(ctx), ...).
+var (
+	// ErrRevoked: an operator revoked the job (leash.revoke_job, NOTIFY job_revoked, or an
+	// UPDATE of revoked_at).
+	ErrRevoked = errors.New("job revoked")
+	// ErrLost: the lease is gone: another worker took the job over, or the row no longer holds
+	// this lease's token.
+	ErrLost = errors.New("job lease lost")
+	// ErrRenewalTimeout: no renewal was confirmed within the trust window (database unreachable
+	// or process stalled); the worker stops before anyone else may take the job.
+	ErrRenewalTimeout = errors.New("job lease renewal timed out")
+	// ErrShutdown: the worker is shutting down and the grace period ran out.
+	ErrShutdown = errors.New("worker shutting down")
+)
+
+// Lease is one claim of one job: its id, its fencing token and how long this worker may trust
+// that it still holds it.
+type Lease struct {
+	// JobID is the leased job.
+	JobID int64
+	// Token is the fencing token of this claim; every write about the job carries it.
+	Token int64
+
+	cancel    context.CancelCauseFunc
+	timer     *time.Timer
+	window    time.Duration // lease duration minus safety margin
+	onEnd     func(*Lease, error)
+	finishing atomic.Bool
+
+	mu           sync.Mutex
+	trustedUntil time.Time
+	cause        error
+}
+
+// EnsureActive returns nil while the lease is safe for writes, and its cause once it is not.
+// Passing the trust deadline ends the lease with ErrRenewalTimeout, even if the timer that
+// enforces it has not fired yet.
+func (l *Lease) EnsureActive() error {
+	l.mu.Lock()
+	cause := l.cause
+	expired := cause == nil && !time.Now().Before(l.trustedUntil)
+	l.mu.Unlock()
+	if expired {
+		l.End(ErrRenewalTimeout)
+		return l.Cause()
+	}
+	return cause
+}
+
+// Cause is the reason the lease ended, or nil while it holds.
+func (l *Lease) Cause() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.cause
+}
+
+// TrustedUntil is the monotonic deadline until which the lease is trusted.
+func (l *Lease) TrustedUntil() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.trustedUntil
+}
+
+// End ends the lease with cause and cancels the job's context with it. Only the first cause
+// counts; End reports whether this call was it.
+func (l *Lease) End(cause error) bool {
+	l.mu.Lock()
+	if l.cause != nil {
+		l.mu.Unlock()
+		return false
+	}
+	l.cause = cause
+	l.mu.Unlock()
+	if l.timer != nil {
+		l.timer.Stop()
+	}
+	l.cancel(cause)
+	if l.onEnd != nil {
+		l.onEnd(l, cause)
+	}
+	return true
+}
+
+// MarkFinishing marks that the handler has returned and its outcome is being written: a renewal
+// that no longer finds the lease is then expected, not a loss.
+func (l *Lease) MarkFinishing() { l.finishing.Store(true) }
+
+// Finishing reports whether MarkFinishing was called.
+func (l *Lease) Finishing() bool { return l.finishing.Load() }
+
+// expire runs when the trust timer fires: it ends the lease unless a renewal moved the deadline
+// on in the meantime.
+func (l *Lease) expire() {
+	l.mu.Lock()
+	until := l.trustedUntil
+	l.mu.Unlock()
+	if d := time.Until(until); d > 0 {
+		l.timer.Reset(d)
+		return
+	}
+	l.End(ErrRenewalTimeout)
+}
+
+// confirm records a renewal confirmed by the database for a statement sent at sentAt.
+func (l *Lease) confirm(sentAt time.Time) {
+	until := sentAt.Add(l.window)
+	l.mu.Lock()
+	if l.cause != nil || !until.After(l.trustedUntil) {
+		l.mu.Unlock()
+		return
+	}
+	l.trustedUntil = until
+	l.mu.Unlock()
+	if d := time.Until(until); d > 0 {
+		l.timer.Reset(d)
+	} else {
+		l.End(ErrRenewalTimeout)
+	}
+}

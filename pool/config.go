@@ -1,0 +1,176 @@
+package pool
+
+import (
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/leashq/leash/lease"
+)
+
+// Defaults for Config fields left zero.
+const (
+	ConcurrencyDefault       = 100
+	QueueDefault             = "default"
+	PollIntervalDefault      = time.Second
+	ShutdownTimeoutDefault   = 30 * time.Second
+	FinishFlushDefault       = 2 * time.Millisecond
+	FinishBatchDefault       = 1000
+	MaxAttemptsDefault       = 20
+	LeaseDurationDefault     = lease.DurationDefault
+	HeartbeatIntervalDefault = lease.HeartbeatIntervalDefault
+)
+
+// Config configures a Pool. Every field has a working default; New fills and validates it.
+type Config struct {
+	// ID names this worker in leased_by. Default "hostname-pid".
+	ID string
+	// Queues to work. Default ["default"].
+	Queues []string
+	// Concurrency is the number of jobs run at once. Default ConcurrencyDefault (100).
+	Concurrency int
+	// LeaseDuration is how long a claim holds without renewal (database clock). Default 30s.
+	LeaseDuration time.Duration
+	// HeartbeatInterval between lease renewals; at most LeaseDuration/2. Default 10s.
+	HeartbeatInterval time.Duration
+	// RenewRetryInterval after a failed renewal. Default HeartbeatInterval/4.
+	RenewRetryInterval time.Duration
+	// LeaseSafetyMargin is how long before its lease could expire a worker stops trusting it
+	// when renewals are not confirmed. Default LeaseDuration/5.
+	LeaseSafetyMargin time.Duration
+	// RescueInterval between passes that take back expired leases. Default HeartbeatInterval.
+	RescueInterval time.Duration
+	// PollInterval between claim attempts when no notification arrives (jittered by ±10%).
+	// Default 1s.
+	PollInterval time.Duration
+	// ShutdownTimeout is the grace period running jobs get when Run's context is cancelled.
+	// Default 30s.
+	ShutdownTimeout time.Duration
+	// FinishFlushInterval is the longest a finished job's outcome waits to be written with
+	// others. Default 2ms.
+	FinishFlushInterval time.Duration
+	// StallInterval is how often handlers that ignore their cancelled context are logged.
+	// Default LeaseDuration.
+	StallInterval time.Duration
+	// RetryBackoff gives the delay before attempt+1 after attempt failed. Default
+	// DefaultRetryBackoff.
+	RetryBackoff func(attempt int) time.Duration
+	// ListenConfig is the connection for LISTEN, for deployments whose pool goes through a
+	// transaction pooler. Default: the pool's own connection config.
+	ListenConfig *pgx.ConnConfig
+	// ListenReconnectDelay between listener connection attempts. Default 2s.
+	ListenReconnectDelay time.Duration
+	// ListenPingInterval is how often the listener proves itself alive with a self-notification.
+	// Default 10s; negative disables.
+	ListenPingInterval time.Duration
+	// RevokeRequireRow makes a bare job_revoked notification (no token) count only when the
+	// job's row says it is revoked, since anyone who can connect may NOTIFY. Default false.
+	RevokeRequireRow bool
+	// Logger receives the pool's logs. Default: discard.
+	Logger *slog.Logger
+	// Observer, when set, is told about each job as it finishes (for metrics).
+	Observer Observer
+}
+
+// ConfigError names the Config field that broke a rule.
+type ConfigError struct {
+	Field string
+	Rule  string
+}
+
+func (e *ConfigError) Error() string { return fmt.Sprintf("invalid config: %s %s", e.Field, e.Rule) }
+
+// DefaultRetryBackoff waits 2^(attempt-1) seconds, capped at six hours, plus up to 25% jitter.
+func DefaultRetryBackoff(attempt int) time.Duration {
+	if attempt < 1 {
+		attempt = 1
+	}
+	d := 6 * time.Hour
+	if attempt <= 15 {
+		d = min(time.Duration(1<<(attempt-1))*time.Second, d)
+	}
+	return d + time.Duration(rand.Int64N(int64(d)/4+1))
+}
+
+func (c Config) withDefaults() Config {
+	if c.ID == "" {
+		host, _ := os.Hostname()
+		c.ID = host + "-" + strconv.Itoa(os.Getpid())
+	}
+	if len(c.Queues) == 0 {
+		c.Queues = []string{QueueDefault}
+	}
+	c.Concurrency = cmpOr(c.Concurrency, ConcurrencyDefault)
+	lc := c.leaseConfig().WithDefaults()
+	c.LeaseDuration, c.HeartbeatInterval, c.RenewRetryInterval, c.LeaseSafetyMargin =
+		lc.Duration, lc.HeartbeatInterval, lc.RetryInterval, lc.SafetyMargin
+	c.RescueInterval = cmpOr(c.RescueInterval, c.HeartbeatInterval)
+	c.PollInterval = cmpOr(c.PollInterval, PollIntervalDefault)
+	c.ShutdownTimeout = cmpOr(c.ShutdownTimeout, ShutdownTimeoutDefault)
+	c.FinishFlushInterval = cmpOr(c.FinishFlushInterval, FinishFlushDefault)
+	c.StallInterval = cmpOr(c.StallInterval, c.LeaseDuration)
+	if c.RetryBackoff == nil {
+		c.RetryBackoff = DefaultRetryBackoff
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+func (c Config) leaseConfig() lease.Config {
+	return lease.Config{Duration: c.LeaseDuration, HeartbeatInterval: c.HeartbeatInterval,
+		RetryInterval: c.RenewRetryInterval, SafetyMargin: c.LeaseSafetyMargin}
+}
+
+// Validate fills defaults and reports the first field that breaks a rule, as a *ConfigError.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	bad := func(field, rule string, args ...any) error {
+		return &ConfigError{Field: field, Rule: fmt.Sprintf(rule, args...)}
+	}
+	switch {
+	case len(c.ID) > 200:
+		return bad("ID", "must be at most 200 characters")
+	case c.Concurrency < 1 || c.Concurrency > 100000:
+		return bad("Concurrency", "must be between 1 and 100000, got %d", c.Concurrency)
+	case c.PollInterval < 10*time.Millisecond:
+		return bad("PollInterval", "must be at least 10ms, got %s", c.PollInterval)
+	case c.ShutdownTimeout < 0:
+		return bad("ShutdownTimeout", "must not be negative, got %s", c.ShutdownTimeout)
+	case c.FinishFlushInterval < 0 || c.FinishFlushInterval > time.Second:
+		return bad("FinishFlushInterval", "must be between 0 and 1s, got %s", c.FinishFlushInterval)
+	case c.RescueInterval < 10*time.Millisecond:
+		return bad("RescueInterval", "must be at least 10ms, got %s", c.RescueInterval)
+	}
+	for _, q := range c.Queues {
+		if q == "" || len(q) > 128 {
+			return bad("Queues", "must hold names of 1 to 128 characters, got %q", q)
+		}
+	}
+	if err := c.leaseConfig().Validate(); err != nil {
+		field := map[string]string{"Duration": "LeaseDuration", "HeartbeatInterval": "HeartbeatInterval",
+			"RetryInterval": "RenewRetryInterval", "SafetyMargin": "LeaseSafetyMargin"}
+		msg := err.Error()
+		for k, v := range field {
+			if len(msg) >= len(k) && msg[:len(k)] == k {
+				return bad(v, "%s", msg[len(k)+1:])
+			}
+		}
+		return bad("LeaseDuration", "%s", msg)
+	}
+	return nil
+}
+
+func cmpOr[T comparable](v, def T) T {
+	var zero T
+	if v == zero {
+		return def
+	}
+	return v
+}

@@ -1,0 +1,106 @@
+package pool
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Handler runs jobs of one kind. Handle returns nil when the job is done, an error to retry it
+// (see Permanent and RetryAfter), and should return promptly with context.Cause(ctx) when ctx is
+// cancelled: revoked, lease lost, renewal timed out or shutdown (see package lease).
+type Handler interface {
+	Handle(ctx context.Context, job *Job) error
+}
+
+// HandlerFunc adapts a function to Handler.
+type HandlerFunc func(ctx context.Context, job *Job) error
+
+// Handle calls f(ctx, job).
+func (f HandlerFunc) Handle(ctx context.Context, job *Job) error { return f(ctx, job) }
+
+// Args adapts a function taking typed arguments to Handler. The payload is decoded strictly into
+// a T (unknown fields are errors); a payload that does not decode fails the job permanently
+// with an error naming the kind and the field.
+func Args[T any](fn func(ctx context.Context, job *Job, args T) error) Handler {
+	return HandlerFunc(func(ctx context.Context, job *Job) error {
+		var args T
+		dec := json.NewDecoder(bytes.NewReader(job.Payload))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&args); err != nil {
+			return Permanent(fmt.Errorf("decode %s payload: %w", job.Kind, describeDecodeError(err)))
+		}
+		return fn(ctx, job, args)
+	})
+}
+
+func describeDecodeError(err error) error {
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) && te.Field != "" {
+		return fmt.Errorf("field %q: expected %s, got JSON %s", te.Field, te.Type, te.Value)
+	}
+	return err
+}
+
+// Permanent marks err as not worth retrying: the job fails at once.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &permanentError{err}
+}
+
+type permanentError struct{ err error }
+
+func (e *permanentError) Error() string { return e.err.Error() }
+func (e *permanentError) Unwrap() error { return e.err }
+
+// IsPermanent reports whether err was marked with Permanent.
+func IsPermanent(err error) bool {
+	var p *permanentError
+	return errors.As(err, &p)
+}
+
+// RetryAfter retries the job after d instead of the configured backoff (still costing an attempt;
+// the job fails when attempts are used up).
+func RetryAfter(d time.Duration, err error) error {
+	if err == nil {
+		err = errors.New("retry requested")
+	}
+	return &retryAfterError{d: d, err: err}
+}
+
+type retryAfterError struct {
+	d   time.Duration
+	err error
+}
+
+func (e *retryAfterError) Error() string { return e.err.Error() }
+func (e *retryAfterError) Unwrap() error { return e.err }
+
+// PanicError is what a handler's panic becomes: recorded with its stack, retried like an error.
+type PanicError struct {
+	Value any
+	Stack string
+}
+
+func (e *PanicError) Error() string { return fmt.Sprintf("handler panic: %v", e.Value) }
+
+// Observer is told about each job as it finishes. Calls come from many goroutines and must be
+// fast.
+type Observer interface {
+	JobFinished(ev JobEvent)
+}
+
+// JobEvent describes one finished attempt.
+type JobEvent struct {
+	Queue    string
+	Kind     string
+	State    string // completed, failed, retryable, cancelled, available (handed back), or "" when the lease was lost
+	Duration time.Duration
+	Pickup   time.Duration // from created_at (or the previous attempt) to this attempt's start, database clock
+	Stale    bool          // the outcome was rejected by the lease fence and not written
+}

@@ -1,0 +1,129 @@
+package pool
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/leashq/leash/internal/store"
+)
+
+// DB is what inserts need: a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.
+type DB = store.DBTX
+
+// InsertOpts are the optional settings of a new job.
+type InsertOpts struct {
+	// Queue, default "default".
+	Queue string
+	// Priority: lower runs first. Default 0.
+	Priority int16
+	// RunAt schedules the job; zero means now.
+	RunAt time.Time
+	// Delay schedules the job this long from now on the database clock (when RunAt is zero).
+	Delay time.Duration
+	// MaxAttempts before the job fails for good. Default 20.
+	MaxAttempts int
+}
+
+// ErrInvalidJob wraps every rejection of a job before it reaches the database.
+var ErrInvalidJob = errors.New("invalid job")
+
+func params(kind string, payload any, opts *InsertOpts) (store.InsertParams, error) {
+	var o InsertOpts
+	if opts != nil {
+		o = *opts
+	}
+	if kind == "" {
+		return store.InsertParams{}, fmt.Errorf("%w: kind is empty", ErrInvalidJob)
+	}
+	if len(kind) > 128 {
+		return store.InsertParams{}, fmt.Errorf("%w: kind is longer than 128 characters", ErrInvalidJob)
+	}
+	if len(o.Queue) > 128 {
+		return store.InsertParams{}, fmt.Errorf("%w: queue is longer than 128 characters", ErrInvalidJob)
+	}
+	if o.Delay < 0 {
+		return store.InsertParams{}, fmt.Errorf("%w: delay %s is negative", ErrInvalidJob, o.Delay)
+	}
+	if o.MaxAttempts < 0 || o.MaxAttempts > 1000 {
+		return store.InsertParams{}, fmt.Errorf("%w: max attempts %d is not between 1 and 1000", ErrInvalidJob, o.MaxAttempts)
+	}
+	body, err := encodePayload(payload)
+	if err != nil {
+		return store.InsertParams{}, fmt.Errorf("%w: kind %s: %v", ErrInvalidJob, kind, err)
+	}
+	return store.InsertParams{Queue: o.Queue, Kind: kind, Payload: body, Priority: o.Priority,
+		MaxAttempts: int32(o.MaxAttempts), RunAt: o.RunAt, Delay: o.Delay}, nil
+}
+
+func encodePayload(payload any) ([]byte, error) {
+	switch p := payload.(type) {
+	case nil:
+		return nil, nil
+	case json.RawMessage:
+		if !json.Valid(p) {
+			return nil, errors.New("payload is not valid JSON")
+		}
+		return p, nil
+	case []byte:
+		if !json.Valid(p) {
+			return nil, errors.New("payload is not valid JSON")
+		}
+		return p, nil
+	}
+	b, err := json.Marshal(payload)
+	if err != nil {
+		return nil, fmt.Errorf("payload does not marshal to JSON: %w", err)
+	}
+	return b, nil
+}
+
+// Insert enqueues one job and returns its id. payload is any value that marshals to JSON
+// (json.RawMessage and []byte are taken as JSON text); nil means {}.
+func Insert(ctx context.Context, db DB, kind string, payload any, opts *InsertOpts) (int64, error) {
+	p, err := params(kind, payload, opts)
+	if err != nil {
+		return 0, err
+	}
+	return store.Insert(ctx, db, p)
+}
+
+// InsertTx enqueues one job inside the caller's transaction: it becomes visible, and wakes
+// workers, only when tx commits.
+func InsertTx(ctx context.Context, tx pgx.Tx, kind string, payload any, opts *InsertOpts) (int64, error) {
+	return Insert(ctx, tx, kind, payload, opts)
+}
+
+// InsertManyParams is one job of a bulk insert.
+type InsertManyParams struct {
+	Kind    string
+	Payload any
+	Opts    *InsertOpts
+}
+
+// CopyDB is what InsertMany needs: a *pgxpool.Pool, *pgx.Conn or pgx.Tx.
+type CopyDB = store.CopyDB
+
+// InsertMany enqueues many jobs with one COPY and returns how many it inserted. Workers are woken
+// once per queue, however many rows. Nothing is inserted if any job is invalid.
+func InsertMany(ctx context.Context, db CopyDB, jobs []InsertManyParams) (int64, error) {
+	ps := make([]store.InsertParams, len(jobs))
+	for i, j := range jobs {
+		p, err := params(j.Kind, j.Payload, j.Opts)
+		if err != nil {
+			return 0, fmt.Errorf("job %d: %w", i, err)
+		}
+		ps[i] = p
+	}
+	return store.InsertMany(ctx, db, ps)
+}
+
+// Migrate applies leash's pending schema migrations under an advisory lock and returns the
+// versions it applied. Safe to run at every start, from many processes at once.
+func Migrate(ctx context.Context, db store.Beginner) ([]int, error) {
+	return store.Migrate(ctx, db)
+}

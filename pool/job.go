@@ -1,0 +1,98 @@
+package pool
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/leashq/leash/internal/store"
+	"github.com/leashq/leash/lease"
+)
+
+// ErrFenced means a fenced write found that this claim no longer holds the job: it was taken
+// over, revoked and finished, or its lease stopped being trusted. Nothing was written.
+var ErrFenced = store.ErrFenced
+
+// Job is one claimed attempt of a job, handed to its Handler.
+type Job struct {
+	ID          int64
+	Queue       string
+	Kind        string
+	Payload     json.RawMessage
+	Priority    int16
+	Attempt     int
+	MaxAttempts int
+	// Token is this claim's fencing token.
+	Token       int64
+	CreatedAt   time.Time
+	AttemptedAt time.Time
+
+	lease     *lease.Lease
+	db        DB
+	doneInTx  atomic.Bool
+	started   time.Time
+	stallSeen time.Time
+	abandoned atomic.Bool
+}
+
+// Lease is this claim's lease: EnsureActive before side effects outside the database.
+func (j *Job) Lease() *lease.Lease { return j.lease }
+
+// EnsureActive returns nil while the lease is safe for writes, and the lease's cause once not.
+func (j *Job) EnsureActive() error { return j.lease.EnsureActive() }
+
+// Fence locks the job's row in tx and fails (wrapping ErrFenced or the lease's cause) unless
+// this claim still holds it, so the handler's own writes in tx commit only under a live lease:
+// a worker that lost the job can no longer commit in its name.
+func (j *Job) Fence(ctx context.Context, tx pgx.Tx) error {
+	if err := j.lease.EnsureActive(); err != nil {
+		return fmt.Errorf("fence job %d: %w: %w", j.ID, ErrFenced, err)
+	}
+	if err := store.Fence(ctx, tx, j.ID, j.Token); err != nil {
+		return fmt.Errorf("fence job %d token %d: %w", j.ID, j.Token, err)
+	}
+	return nil
+}
+
+// CompleteTx marks the job completed inside tx, fenced by its token, so the handler's effects
+// and the completion commit together or not at all (exactly once for work in the same
+// database). If tx rolls back, the job's outcome is whatever the handler returns.
+func (j *Job) CompleteTx(ctx context.Context, tx pgx.Tx) error {
+	if err := j.lease.EnsureActive(); err != nil {
+		return fmt.Errorf("complete job %d: %w: %w", j.ID, ErrFenced, err)
+	}
+	if err := store.CompleteTx(ctx, tx, j.ID, j.Token); err != nil {
+		return err
+	}
+	j.doneInTx.Store(true)
+	return nil
+}
+
+// SetProgress stores v (marshalled to JSON) as the job's checkpoint, fenced by its token; a
+// retry can read it back with Progress. `worker status` shows it.
+func (j *Job) SetProgress(ctx context.Context, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("set progress of job %d: %w", j.ID, err)
+	}
+	if err := j.lease.EnsureActive(); err != nil {
+		return fmt.Errorf("set progress of job %d: %w: %w", j.ID, ErrFenced, err)
+	}
+	return store.SetProgress(ctx, j.db, j.ID, j.Token, b)
+}
+
+// Sleep waits for d, or returns early with context.Cause(ctx) when ctx ends.
+func Sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}

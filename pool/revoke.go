@@ -1,0 +1,51 @@
+package pool
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/leashq/leash/internal/store"
+	"github.com/leashq/leash/lease"
+	"github.com/leashq/leash/notify"
+)
+
+// revokedByNotificationReason is recorded on a job revoked by a bare NOTIFY job_revoked.
+const revokedByNotificationReason = "revoked by NOTIFY job_revoked"
+
+// onRevoked handles a job_revoked notification on the listener's goroutine: it must not block,
+// so database work goes to its own goroutine.
+func (p *Pool) onRevoked(r notify.Revocation) {
+	l := p.keeper.Get(r.ID)
+	if l == nil || (r.Token != 0 && r.Token != l.Token) || l.Cause() != nil || l.Finishing() {
+		return // not ours, an earlier claim, or already ending
+	}
+	if p.cfg.RevokeRequireRow {
+		// Trust only the row: one renewal statement re-checks every lease and ends revoked or
+		// lost ones with the right cause.
+		p.keeper.Kick()
+		return
+	}
+	if r.Takeover {
+		if l.End(lease.ErrLost) {
+			p.log.Warn("job taken over by another worker; cancelling", slog.Int64("job_id", r.ID), slog.Int64("lease_token", l.Token))
+		}
+		return
+	}
+	if !l.End(lease.ErrRevoked) {
+		return
+	}
+	p.metrics.RevokedByNotification.Add(1)
+	p.log.Info("job revoked by notification; cancelling", slog.Int64("job_id", r.ID), slog.Int64("lease_token", l.Token),
+		slog.String("reason", r.Reason))
+	if r.Token == 0 {
+		// A bare NOTIFY from a console: make it durable in the row, fenced by our token.
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if _, err := store.MarkRevoked(ctx, p.db, r.ID, l.Token, revokedByNotificationReason); err != nil {
+				p.log.Warn("recording revocation failed", slog.Int64("job_id", r.ID), slog.Any("err", err))
+			}
+		}()
+	}
+}
