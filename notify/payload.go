@@ -41,8 +41,8 @@ var ErrMalformed = errors.New("malformed job_revoked payload")
 type wire struct {
 	ID       json.RawMessage `json:"id"`
 	Token    json.RawMessage `json:"token"`
-	Reason   *string      `json:"reason"`
-	Takeover *bool        `json:"takeover"`
+	Reason   *string         `json:"reason"`
+	Takeover *bool           `json:"takeover"`
 }
 
 // ParseRevocation parses a job_revoked payload: a bare positive id ("42", as typed in psql), or

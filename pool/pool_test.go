@@ -140,7 +140,9 @@ func insert(t *testing.T, db pool.DB, kind string, payload any, opts *pool.Inser
 	return id
 }
 
-func noop() pool.Handler { return pool.HandlerFunc(func(context.Context, *pool.Job) error { return nil }) }
+func noop() pool.Handler {
+	return pool.HandlerFunc(func(context.Context, *pool.Job) error { return nil })
+}
 
 func TestCompleted(t *testing.T) {
 	t.Parallel()
@@ -420,10 +422,10 @@ func TestBadInput(t *testing.T) {
 	db := pgtest.Pool(t)
 	ctx := context.Background()
 	cases := map[string]func() error{
-		"empty kind":    func() error { _, err := pool.Insert(ctx, db, "", nil, nil); return err },
-		"long kind":     func() error { _, err := pool.Insert(ctx, db, strings.Repeat("k", 129), nil, nil); return err },
-		"chan payload":  func() error { _, err := pool.Insert(ctx, db, "k", make(chan int), nil); return err },
-		"invalid raw":   func() error { _, err := pool.Insert(ctx, db, "k", json.RawMessage("{nope"), nil); return err },
+		"empty kind":   func() error { _, err := pool.Insert(ctx, db, "", nil, nil); return err },
+		"long kind":    func() error { _, err := pool.Insert(ctx, db, strings.Repeat("k", 129), nil, nil); return err },
+		"chan payload": func() error { _, err := pool.Insert(ctx, db, "k", make(chan int), nil); return err },
+		"invalid raw":  func() error { _, err := pool.Insert(ctx, db, "k", json.RawMessage("{nope"), nil); return err },
 		"negative delay": func() error {
 			_, err := pool.Insert(ctx, db, "k", nil, &pool.InsertOpts{Delay: -time.Second})
 			return err
