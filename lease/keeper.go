@@ -54,15 +54,15 @@ func (c Config) WithDefaults() Config {
 func (c Config) Validate() error {
 	switch {
 	case c.Duration < 100*time.Millisecond:
-		return errors.New("Duration must be at least 100ms")
+		return errors.New("duration: must be at least 100ms")
 	case c.HeartbeatInterval <= 0:
-		return errors.New("HeartbeatInterval must be positive")
+		return errors.New("heartbeat interval: must be positive")
 	case c.HeartbeatInterval*2 > c.Duration:
-		return fmt.Errorf("HeartbeatInterval (%s) must be at most half of Duration (%s), so that a renewal can fail once and still land before expiry", c.HeartbeatInterval, c.Duration)
+		return fmt.Errorf("heartbeat interval: %s must be at most half of the lease duration (%s), so that a renewal can fail once and still land before the lease expires", c.HeartbeatInterval, c.Duration)
 	case c.RetryInterval <= 0 || c.RetryInterval > c.HeartbeatInterval:
-		return fmt.Errorf("RetryInterval (%s) must be positive and at most HeartbeatInterval (%s)", c.RetryInterval, c.HeartbeatInterval)
+		return fmt.Errorf("retry interval: %s must be positive and at most the heartbeat interval (%s)", c.RetryInterval, c.HeartbeatInterval)
 	case c.SafetyMargin <= 0 || c.SafetyMargin >= c.Duration-c.HeartbeatInterval:
-		return fmt.Errorf("SafetyMargin (%s) must be positive and below Duration - HeartbeatInterval (%s)", c.SafetyMargin, c.Duration-c.HeartbeatInterval)
+		return fmt.Errorf("safety margin: %s must be positive and below the lease duration minus the heartbeat interval (%s)", c.SafetyMargin, c.Duration-c.HeartbeatInterval)
 	}
 	return nil
 }

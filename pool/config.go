@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -154,15 +155,13 @@ func (c Config) Validate() error {
 		}
 	}
 	if err := c.leaseConfig().Validate(); err != nil {
-		field := map[string]string{"Duration": "LeaseDuration", "HeartbeatInterval": "HeartbeatInterval",
-			"RetryInterval": "RenewRetryInterval", "SafetyMargin": "LeaseSafetyMargin"}
-		msg := err.Error()
-		for k, v := range field {
-			if len(msg) >= len(k) && msg[:len(k)] == k {
-				return bad(v, "%s", msg[len(k)+1:])
-			}
+		field := map[string]string{"duration": "LeaseDuration", "heartbeat interval": "HeartbeatInterval",
+			"retry interval": "RenewRetryInterval", "safety margin": "LeaseSafetyMargin"}
+		name, rule, _ := strings.Cut(err.Error(), ": ")
+		if f, ok := field[name]; ok {
+			return bad(f, "%s", rule)
 		}
-		return bad("LeaseDuration", "%s", msg)
+		return bad("LeaseDuration", "%s", err.Error())
 	}
 	return nil
 }

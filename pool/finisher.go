@@ -26,6 +26,7 @@ func (p *Pool) runFinisher(stop <-chan struct{}) {
 			batch = append(batch[:0], it)
 		case <-stop:
 			// Drain what is left, then stop.
+			batch = batch[:0]
 			for {
 				select {
 				case it := <-p.finishCh:

@@ -173,7 +173,7 @@ func (p *Pool) Run(ctx context.Context) error {
 	p.claimLoop(claimCtx)
 	stopClaiming()
 
-	grace := p.shutdownCtx
+	var grace context.Context
 	select {
 	case <-p.shutdownCh:
 		grace = p.shutdownCtx

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -74,6 +76,9 @@ func setup(t *testing.T, db *pgxpool.Pool, cfg pool.Config, handlers map[string]
 	b := &bundle{db: db, events: make(events, 100000)}
 	if cfg.Observer == nil {
 		cfg.Observer = b.events
+	}
+	if os.Getenv("LEASH_TEST_LOG") != "" {
+		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
 	p, err := pool.New(db, cfg)
 	if err != nil {
@@ -386,6 +391,12 @@ func TestShutdownHandsBack(t *testing.T) {
 	r := getRow(t, b.db, id)
 	if r.State != "available" || r.Attempt != 0 || r.Token != nil || len(r.Errors) != 0 {
 		t.Fatalf("row %+v", r)
+	}
+	if n := p.Metrics().StaleWrites.Load(); n != 0 {
+		t.Fatalf("%d stale writes", n)
+	}
+	if n := p.Metrics().HandedBack.Load(); n != 1 {
+		t.Fatalf("%d handed back", n)
 	}
 }
 

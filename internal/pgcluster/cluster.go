@@ -101,9 +101,7 @@ func Start(ctx context.Context, settings ...string) (*Cluster, error) {
 		"max_connections = 500", "shared_buffers = 128MB",
 		"log_min_messages = warning", "logging_collector = off",
 	}
-	for _, s := range settings {
-		conf = append(conf, s)
-	}
+	conf = append(conf, settings...)
 	if err := os.WriteFile(filepath.Join(c.dataDir(), "postgresql.auto.conf"), []byte(strings.Join(conf, "\n")+"\n"), 0o600); err != nil {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("write settings: %w", err)

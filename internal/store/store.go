@@ -345,7 +345,8 @@ func Finish(ctx context.Context, db DBTX, outs []Outcome) ([]int64, error) {
 	written := make([]int64, 0, n)
 	for rows.Next() {
 		var id int64
-		if err := rows.Scan(&id, nil); err != nil {
+		var notified *bool
+		if err := rows.Scan(&id, &notified); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("finish jobs: %w", err)
 		}
@@ -400,7 +401,8 @@ func Rescue(ctx context.Context, db DBTX, limit int) ([]Rescued, error) {
 	var out []Rescued
 	for rows.Next() {
 		var r Rescued
-		if err := rows.Scan(&r.ID, &r.OldToken, &r.OldOwner, &r.State, nil, nil); err != nil {
+		var notified, notifiedAvailable *bool
+		if err := rows.Scan(&r.ID, &r.OldToken, &r.OldOwner, &r.State, &notified, &notifiedAvailable); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("rescue expired leases: %w", err)
 		}
@@ -495,4 +497,79 @@ func Revoke(ctx context.Context, db DBTX, id int64, reason string) (bool, error)
 		return false, fmt.Errorf("revoke job %d: %w", id, err)
 	}
 	return ok, nil
+}
+
+// Status is a snapshot of the queue for operators.
+type Status struct {
+	Counts        []StateCount
+	OldestWaiting *Waiting
+	Running       []RunningJob
+}
+
+// StateCount is the number of jobs of one queue in one state.
+type StateCount struct {
+	Queue string
+	State string
+	Count int64
+}
+
+// Waiting is the job that has been runnable the longest.
+type Waiting struct {
+	ID    int64
+	Kind  string
+	Queue string
+	Age   time.Duration
+}
+
+// RunningJob is a job under lease.
+type RunningJob struct {
+	ID           int64
+	Kind         string
+	Queue        string
+	Holder       string
+	Attempt      int32
+	MaxAttempts  int32
+	Token        int64
+	HeartbeatAge time.Duration
+	LeaseLeft    time.Duration
+	Revoked      bool
+	Progress     string
+}
+
+// ReadStatus reads counts per queue and state, the oldest runnable job, and up to limit running
+// jobs (oldest heartbeat first). Ages come from the database clock.
+func ReadStatus(ctx context.Context, db DBTX, limit int) (Status, error) {
+	var st Status
+	rows, err := db.Query(ctx, `SELECT queue, state, count(*) FROM leash.jobs GROUP BY 1, 2 ORDER BY 1, 2`)
+	if err != nil {
+		return st, fmt.Errorf("read status: %w", err)
+	}
+	st.Counts, err = pgx.CollectRows(rows, pgx.RowToStructByPos[StateCount])
+	if err != nil {
+		return st, fmt.Errorf("read status: %w", err)
+	}
+	var w Waiting
+	err = db.QueryRow(ctx, `
+		SELECT id, kind, queue, now() - run_at FROM leash.jobs
+		WHERE state IN ('available', 'retryable') AND run_at <= now()
+		ORDER BY run_at, id LIMIT 1`).Scan(&w.ID, &w.Kind, &w.Queue, &w.Age)
+	switch {
+	case err == nil:
+		st.OldestWaiting = &w
+	case !errors.Is(err, pgx.ErrNoRows):
+		return st, fmt.Errorf("read status: %w", err)
+	}
+	rows, err = db.Query(ctx, `
+		SELECT id, kind, queue, coalesce(leased_by, ''), attempt, max_attempts, lease_token,
+		       now() - heartbeat_at, lease_expires_at - now(), revoked_at IS NOT NULL, coalesce(progress::text, '')
+		FROM leash.jobs WHERE state = 'running'
+		ORDER BY heartbeat_at LIMIT $1`, limit)
+	if err != nil {
+		return st, fmt.Errorf("read status: %w", err)
+	}
+	st.Running, err = pgx.CollectRows(rows, pgx.RowToStructByPos[RunningJob])
+	if err != nil {
+		return st, fmt.Errorf("read status: %w", err)
+	}
+	return st, nil
 }

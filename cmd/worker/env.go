@@ -1,0 +1,102 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"strings"
+	"time"
+
+	"github.com/sethvargo/go-envconfig"
+
+	"github.com/leashq/leash/pool"
+)
+
+// env is the worker's configuration, read from the environment.
+type env struct {
+	DatabaseURL         string        `env:"DATABASE_URL"`
+	ListenDatabaseURL   string        `env:"LISTEN_DATABASE_URL"`
+	WorkerID            string        `env:"WORKER_ID"`
+	Queues              []string      `env:"WORKER_QUEUES, default=default"`
+	Concurrency         int           `env:"WORKER_CONCURRENCY, default=100"`
+	LeaseDuration       time.Duration `env:"WORKER_LEASE_DURATION, default=30s"`
+	HeartbeatInterval   time.Duration `env:"WORKER_HEARTBEAT_INTERVAL, default=10s"`
+	RenewRetryInterval  time.Duration `env:"WORKER_RENEW_RETRY_INTERVAL"`
+	LeaseSafetyMargin   time.Duration `env:"WORKER_LEASE_SAFETY_MARGIN"`
+	RescueInterval      time.Duration `env:"WORKER_RESCUE_INTERVAL"`
+	PollInterval        time.Duration `env:"WORKER_POLL_INTERVAL, default=1s"`
+	ShutdownTimeout     time.Duration `env:"WORKER_SHUTDOWN_TIMEOUT, default=30s"`
+	RevokeRequireRow    bool          `env:"WORKER_REVOKE_REQUIRE_ROW, default=false"`
+	AutoMigrate         bool          `env:"WORKER_AUTO_MIGRATE, default=false"`
+	DBMaxConns          int32         `env:"WORKER_DB_MAX_CONNS, default=10"`
+	HTTPAddr            string        `env:"WORKER_HTTP_ADDR"`
+	LogLevel            string        `env:"LOG_LEVEL, default=info"`
+	LogFormat           string        `env:"LOG_FORMAT"`
+	ListenReconnectWait time.Duration `env:"WORKER_LISTEN_RECONNECT_DELAY, default=2s"`
+}
+
+// fieldEnv maps the env struct's field names (as go-envconfig and pool.ConfigError name them) to
+// their variables.
+var fieldEnv = func() map[string]string {
+	m := map[string]string{}
+	t := reflect.TypeFor[env]()
+	for i := range t.NumField() {
+		f := t.Field(i)
+		key, _, _ := strings.Cut(f.Tag.Get("env"), ",")
+		m[f.Name] = key
+	}
+	// pool.Config fields that are named differently here.
+	m["ID"] = "WORKER_ID"
+	m["ListenReconnectDelay"] = "WORKER_LISTEN_RECONNECT_DELAY"
+	return m
+}()
+
+// loadEnv reads and checks the configuration; errors name the variable and the rule.
+func loadEnv(ctx context.Context, getenv func(string) string) (env, error) {
+	var e env
+	look := envconfig.LookuperFunc(func(key string) (string, bool) {
+		v := getenv(key)
+		return v, v != ""
+	})
+	if err := envconfig.ProcessWith(ctx, &envconfig.Config{Target: &e, Lookuper: look}); err != nil {
+		msg := err.Error()
+		if field, rest, ok := strings.Cut(msg, ": "); ok {
+			if key := fieldEnv[field]; key != "" {
+				return e, fmt.Errorf("%s=%q: %s", key, getenv(key), rest)
+			}
+		}
+		return e, fmt.Errorf("configuration: %w", err)
+	}
+	switch strings.ToLower(e.LogLevel) {
+	case "debug", "info", "warn", "error":
+	default:
+		return e, fmt.Errorf("LOG_LEVEL=%q: must be debug, info, warn or error", e.LogLevel)
+	}
+	switch e.LogFormat {
+	case "", "tint", "json", "text":
+	default:
+		return e, fmt.Errorf("LOG_FORMAT=%q: must be tint, json or text", e.LogFormat)
+	}
+	if e.DBMaxConns < 4 {
+		return e, fmt.Errorf("WORKER_DB_MAX_CONNS=%d: must be at least 4 (claims, outcomes, renewals and rescues each need one)", e.DBMaxConns)
+	}
+	if err := e.poolConfig().Validate(); err != nil {
+		var ce *pool.ConfigError
+		if errors.As(err, &ce) {
+			return e, fmt.Errorf("%s: %s", fieldEnv[ce.Field], ce.Rule)
+		}
+		return e, err
+	}
+	return e, nil
+}
+
+func (e env) poolConfig() pool.Config {
+	return pool.Config{
+		ID: e.WorkerID, Queues: e.Queues, Concurrency: e.Concurrency,
+		LeaseDuration: e.LeaseDuration, HeartbeatInterval: e.HeartbeatInterval,
+		RenewRetryInterval: e.RenewRetryInterval, LeaseSafetyMargin: e.LeaseSafetyMargin,
+		RescueInterval: e.RescueInterval, PollInterval: e.PollInterval, ShutdownTimeout: e.ShutdownTimeout,
+		RevokeRequireRow: e.RevokeRequireRow, ListenReconnectDelay: e.ListenReconnectWait,
+	}
+}

@@ -1,0 +1,196 @@
+// Command worker is leash's standalone binary: it runs a worker pool with the built-in handlers,
+// applies migrations, enqueues and revokes jobs, and shows the queue's status. Configuration
+// comes from the environment (see the README); `worker help` lists the subcommands.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/lmittmann/tint"
+	"golang.org/x/term"
+
+	"github.com/leashq/leash/handlers"
+	"github.com/leashq/leash/notify"
+	"github.com/leashq/leash/pool"
+)
+
+const usage = `usage: worker [command] [flags]
+
+commands:
+  run       run a worker pool (the default)
+  migrate   apply pending schema migrations
+  enqueue   add a job: worker enqueue -kind sleep -payload '{"duration":"2s"}'
+  revoke    revoke a job: worker revoke ID [-reason TEXT]
+  status    show counts per queue and state, and the running jobs
+
+configuration is read from the environment; DATABASE_URL is required.
+`
+
+func main() {
+	err := run(context.Background(), os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	if err != nil && !errors.Is(err, flag.ErrHelp) {
+		fmt.Fprintln(os.Stderr, "worker:", err)
+		os.Exit(1)
+	}
+}
+
+// run is the whole binary, testable: args without the program name, the environment as a
+// function, and the output streams.
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	cmd := "run"
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		cmd, args = args[0], args[1:]
+	}
+	if cmd == "help" || cmd == "-h" || cmd == "--help" {
+		fmt.Fprint(stdout, usage)
+		return nil
+	}
+	e, err := loadEnv(ctx, getenv)
+	if err != nil {
+		return err
+	}
+	log := newLogger(e, stderr)
+	switch cmd {
+	case "run":
+		return cmdRun(ctx, e, log)
+	case "migrate":
+		return cmdMigrate(ctx, e, stdout)
+	case "enqueue":
+		return cmdEnqueue(ctx, e, args, stdout, stderr)
+	case "revoke":
+		return cmdRevoke(ctx, e, args, stdout, stderr)
+	case "status":
+		return cmdStatus(ctx, e, stdout)
+	}
+	return fmt.Errorf("unknown command %q\n%s", cmd, usage)
+}
+
+func newLogger(e env, w io.Writer) *slog.Logger {
+	var level slog.Level
+	level.UnmarshalText([]byte(e.LogLevel))
+	format := e.LogFormat
+	if format == "" {
+		format = "json"
+		if f, ok := w.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+			format = "tint"
+		}
+	}
+	switch format {
+	case "tint":
+		return slog.New(tint.NewTextHandler(w, &tint.Options{Level: level, TimeFormat: time.TimeOnly}))
+	case "text":
+		return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level}))
+	}
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level}))
+}
+
+// connect opens the pool and checks that the database answers, so a database that is down at
+// start is reported clearly instead of at the first claim.
+func connect(ctx context.Context, e env) (*pgxpool.Pool, error) {
+	if e.DatabaseURL == "" {
+		return nil, errors.New("DATABASE_URL is not set (e.g. postgres://user:pass@localhost:5432/db)")
+	}
+	cfg, err := pgxpool.ParseConfig(e.DatabaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("DATABASE_URL: %w", err)
+	}
+	if !strings.Contains(e.DatabaseURL, "pool_max_conns") {
+		cfg.MaxConns = e.DBMaxConns
+	}
+	cfg.ConnConfig.DialFunc = notify.Dialer().DialContext
+	db, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("open database: %w", err)
+	}
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := db.Ping(pctx); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("cannot reach the database at %s:%d: %w", cfg.ConnConfig.Host, cfg.ConnConfig.Port, err)
+	}
+	return db, nil
+}
+
+func cmdRun(ctx context.Context, e env, log *slog.Logger) error {
+	db, err := connect(ctx, e)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	if e.AutoMigrate {
+		if _, err := pool.Migrate(ctx, db); err != nil {
+			return err
+		}
+	}
+	cfg := e.poolConfig()
+	cfg.Logger = log
+	if e.ListenDatabaseURL != "" {
+		lc, err := pgx.ParseConfig(e.ListenDatabaseURL)
+		if err != nil {
+			return fmt.Errorf("LISTEN_DATABASE_URL: %w", err)
+		}
+		cfg.ListenConfig = lc
+	}
+	p, err := pool.New(db, cfg)
+	if err != nil {
+		return err
+	}
+	if err := handlers.Register(p); err != nil {
+		return err
+	}
+
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	runErr := make(chan error, 1)
+	go func() { runErr <- p.Run(ctx) }()
+	select {
+	case err := <-runErr:
+		return err
+	case sig := <-sigs:
+		log.Info("stopping: no new jobs; running jobs get the shutdown timeout",
+			slog.String("signal", sig.String()), slog.Duration("timeout", e.ShutdownTimeout))
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), e.ShutdownTimeout)
+	defer cancel()
+	go func() {
+		select {
+		case sig := <-sigs:
+			log.Warn("second signal: cancelling running jobs now", slog.String("signal", sig.String()))
+			cancel()
+		case <-sctx.Done():
+		}
+	}()
+	p.Shutdown(sctx)
+	return <-runErr
+}
+
+func cmdMigrate(ctx context.Context, e env, stdout io.Writer) error {
+	db, err := connect(ctx, e)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	applied, err := pool.Migrate(ctx, db)
+	if err != nil {
+		return err
+	}
+	if len(applied) == 0 {
+		fmt.Fprintln(stdout, "schema is up to date")
+		return nil
+	}
+	fmt.Fprintf(stdout, "applied migrations %v\n", applied)
+	return nil
+}
