@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -130,7 +131,9 @@ func (k *Keeper) Hold(parent context.Context, jobID, token int64, sentAt time.Ti
 	window := k.cfg.Duration - k.cfg.SafetyMargin
 	l := &Lease{JobID: jobID, Token: token, cancel: cancel, window: window, trustedUntil: sentAt.Add(window),
 		onEnd: func(_ *Lease, cause error) { k.metrics.countEnd(cause) }}
-	l.timer = time.AfterFunc(time.Until(l.trustedUntil), l.expire)
+	// Armed only once assigned, so that expire always sees the timer.
+	l.timer = time.AfterFunc(time.Duration(math.MaxInt64), l.expire)
+	l.timer.Reset(time.Until(l.trustedUntil))
 	k.mu.Lock()
 	k.held[jobID] = l
 	k.mu.Unlock()

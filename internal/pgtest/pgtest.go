@@ -122,16 +122,27 @@ func withDB(connString, db string) string {
 	return u.String()
 }
 
+// EmptyURL creates a fresh database without leash's schema, for migration tests.
+func EmptyURL(t testing.TB) string {
+	t.Helper()
+	return create(t, "template0")
+}
+
 // URL creates a fresh, migrated database for t and returns its connection string. The
 // database is dropped when t ends (when the server is external; a private cluster goes away
 // whole).
 func URL(t testing.TB) string {
 	t.Helper()
+	return create(t, setup(t).template)
+}
+
+func create(t testing.TB, template string) string {
+	t.Helper()
 	s := setup(t)
 	name := fmt.Sprintf("leash_t_%d_%d", os.Getpid(), counter.Add(1))
 	ctx := context.Background()
 	createMu.Lock()
-	err := exec(ctx, s.admin, fmt.Sprintf("CREATE DATABASE %s TEMPLATE %s", name, s.template))
+	err := exec(ctx, s.admin, fmt.Sprintf("CREATE DATABASE %s TEMPLATE %s", name, template))
 	createMu.Unlock()
 	if err != nil {
 		t.Fatalf("pgtest: %v", err)

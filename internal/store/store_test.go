@@ -1,0 +1,198 @@
+package store_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/leashq/leash/internal/pgtest"
+	"github.com/leashq/leash/internal/store"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// notifications collects what a LISTEN connection receives up to a sentinel notification sent
+// afterwards from the same session as the inserts (delivery follows commit order).
+func notifications(t *testing.T, url string, do func(conn *pgx.Conn)) []string {
+	t.Helper()
+	ctx := context.Background()
+	listener, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer listener.Close(ctx)
+	if _, err := listener.Exec(ctx, "LISTEN job_available; LISTEN test_done"); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	do(conn)
+	if _, err := conn.Exec(ctx, "NOTIFY test_done"); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	for {
+		n, err := listener.WaitForNotification(wctx)
+		if err != nil {
+			t.Fatalf("waiting for notifications: %v (got %v)", err, got)
+		}
+		if n.Channel == "test_done" {
+			return got
+		}
+		got = append(got, n.Payload)
+	}
+}
+
+func TestCopySendsOneNotificationPerQueue(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	got := notifications(t, url, func(conn *pgx.Conn) {
+		ps := make([]store.InsertParams, 10000)
+		for i := range ps {
+			ps[i] = store.InsertParams{Kind: "noop", Queue: []string{"a", "b"}[i%2]}
+		}
+		if n, err := store.InsertMany(context.Background(), conn, ps); err != nil || n != 10000 {
+			t.Fatalf("copy: %d, %v", n, err)
+		}
+	})
+	if len(got) != 2 || !(got[0] == "a" && got[1] == "b" || got[0] == "b" && got[1] == "a") {
+		t.Fatalf("notifications %v, want one each for a and b", got)
+	}
+}
+
+func TestScheduledInsertDoesNotNotify(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	got := notifications(t, url, func(conn *pgx.Conn) {
+		ctx := context.Background()
+		if _, err := store.Insert(ctx, conn, store.InsertParams{Kind: "k", Delay: time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+		ps := []store.InsertParams{{Kind: "k", Delay: time.Hour}, {Kind: "k", Queue: "now"}}
+		if _, err := store.InsertMany(ctx, conn, ps); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if len(got) != 1 || got[0] != "now" {
+		t.Fatalf("notifications %v, want only [now]", got)
+	}
+}
+
+// The trigger skips NOTIFY when the notification queue is over half full. The real queue cannot be
+// filled in a test, so a function earlier on the session's search_path stands in for the usage.
+func TestQueueUsageGuard(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	ctx := context.Background()
+	setup, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = setup.Exec(ctx, `CREATE SCHEMA shim;
+		CREATE FUNCTION shim.pg_notification_queue_usage() RETURNS double precision LANGUAGE sql AS 'SELECT 0.9'`)
+	setup.Close(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := notifications(t, url, func(conn *pgx.Conn) {
+		if _, err := conn.Exec(ctx, "SET search_path = shim, pg_catalog, public"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := store.Insert(ctx, conn, store.InsertParams{Kind: "k", Queue: "full"}); err != nil {
+			t.Fatalf("insert must not fail when the queue is full: %v", err)
+		}
+		if _, err := conn.Exec(ctx, "RESET search_path"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := store.Insert(ctx, conn, store.InsertParams{Kind: "k", Queue: "fine"}); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if len(got) != 1 || got[0] != "fine" {
+		t.Fatalf("notifications %v, want only [fine]", got)
+	}
+	var n int
+	pgtest.PoolFor(t, url).QueryRow(ctx, "SELECT count(*) FROM leash.jobs").Scan(&n)
+	if n != 2 {
+		t.Fatalf("%d jobs, want 2", n)
+	}
+}
+
+func TestMigrateTwiceAndConcurrently(t *testing.T) {
+	t.Parallel()
+	// A fresh, empty database: not the migrated template.
+	url := pgtest.EmptyURL(t)
+	db := pgtest.PoolFor(t, url)
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	results := make([][]int, 4)
+	errs := make([]error, 4)
+	for i := range 4 {
+		wg.Add(1)
+		go func() { defer wg.Done(); results[i], errs[i] = store.Migrate(ctx, db) }()
+	}
+	wg.Wait()
+	applied := 0
+	for i := range 4 {
+		if errs[i] != nil {
+			t.Fatalf("migrate %d: %v", i, errs[i])
+		}
+		applied += len(results[i])
+	}
+	all, _ := store.Migrations()
+	if applied != len(all) {
+		t.Fatalf("%d migrations applied across 4 concurrent runs, want %d", applied, len(all))
+	}
+	again, err := store.Migrate(ctx, db)
+	if err != nil || len(again) != 0 {
+		t.Fatalf("second run applied %v, %v", again, err)
+	}
+	var recorded int
+	db.QueryRow(ctx, "SELECT count(*) FROM leash.schema_migrations").Scan(&recorded)
+	if recorded != len(all) {
+		t.Fatalf("%d versions recorded", recorded)
+	}
+}
+
+func TestRevokeJob(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	ctx := context.Background()
+	queued, _ := store.Insert(ctx, db, store.InsertParams{Kind: "k"})
+	running, _ := store.Insert(ctx, db, store.InsertParams{Kind: "k", Queue: "r"})
+	if _, err := store.Claim(ctx, db, store.ClaimParams{Queues: []string{"r"}, Limit: 1, WorkerID: "w", Lease: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		id   int64
+		want bool
+	}{{queued, true}, {running, true}, {999999, false}, {queued, false}} {
+		if ok, err := store.Revoke(ctx, db, c.id, "why"); err != nil || ok != c.want {
+			t.Fatalf("revoke %d = %v, %v; want %v", c.id, ok, err, c.want)
+		}
+	}
+	var qs, rs string
+	db.QueryRow(ctx, "SELECT state FROM leash.jobs WHERE id = $1", queued).Scan(&qs)
+	db.QueryRow(ctx, "SELECT state FROM leash.jobs WHERE id = $1", running).Scan(&rs)
+	if qs != "cancelled" || rs != "running" {
+		t.Fatalf("queued %s, running %s", qs, rs)
+	}
+	// A plain UPDATE of revoked_at cancels a queued job just the same.
+	other, _ := store.Insert(ctx, db, store.InsertParams{Kind: "k"})
+	db.Exec(ctx, "UPDATE leash.jobs SET revoked_at = now() WHERE id = $1", other)
+	db.QueryRow(ctx, "SELECT state FROM leash.jobs WHERE id = $1", other).Scan(&qs)
+	if qs != "cancelled" {
+		t.Fatalf("plain update left %s", qs)
+	}
+	if jobs, _ := store.Claim(ctx, db, store.ClaimParams{Queues: []string{"default"}, Limit: 10, WorkerID: "w", Lease: time.Minute}); len(jobs) != 0 {
+		t.Fatalf("claimed revoked jobs %+v", jobs)
+	}
+}
