@@ -1,0 +1,169 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/leashq/leash/internal/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+func envOf(kv ...string) func(string) string {
+	m := map[string]string{}
+	for i := 0; i+1 < len(kv); i += 2 {
+		m[kv[i]] = kv[i+1]
+	}
+	return func(k string) string { return m[k] }
+}
+
+func runCmd(t *testing.T, getenv func(string) string, args ...string) (string, error) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	err := run(context.Background(), args, getenv, &out, &errOut)
+	return out.String(), err
+}
+
+func TestBadConfigNamesTheVariable(t *testing.T) {
+	t.Parallel()
+	cases := map[string][]string{
+		"WORKER_CONCURRENCY":        {"WORKER_CONCURRENCY", "lots"},
+		"WORKER_LEASE_DURATION":     {"WORKER_LEASE_DURATION", "soon"},
+		"WORKER_HEARTBEAT_INTERVAL": {"WORKER_LEASE_DURATION", "10s", "WORKER_HEARTBEAT_INTERVAL", "6s"},
+		"WORKER_POLL_INTERVAL":      {"WORKER_POLL_INTERVAL", "1ns"},
+		"LOG_LEVEL":                 {"LOG_LEVEL", "loud"},
+		"LOG_FORMAT":                {"LOG_FORMAT", "xml"},
+		"WORKER_DB_MAX_CONNS":       {"WORKER_DB_MAX_CONNS", "2"},
+		"WORKER_REVOKE_REQUIRE_ROW": {"WORKER_REVOKE_REQUIRE_ROW", "maybe"},
+		"DATABASE_URL":              {},
+		"WORKER_CONCURRENCY=0":      {"DATABASE_URL", "postgres://x@127.0.0.1:1/x", "WORKER_CONCURRENCY", "-5"},
+	}
+	for want, kv := range cases {
+		_, err := runCmd(t, envOf(kv...), "status")
+		name, _, _ := strings.Cut(want, "=")
+		if err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("%s: error %v does not name it", want, err)
+		}
+	}
+}
+
+func TestDatabaseDownAtStart(t *testing.T) {
+	t.Parallel()
+	_, err := runCmd(t, envOf("DATABASE_URL", "postgres://nobody@127.0.0.1:1/none?connect_timeout=2"), "run")
+	if err == nil || !strings.Contains(err.Error(), "cannot reach the database at 127.0.0.1:1") {
+		t.Fatalf("got %v", err)
+	}
+}
+
+func TestCommands(t *testing.T) {
+	t.Parallel()
+	url := pgtest.EmptyURL(t)
+	env := envOf("DATABASE_URL", url)
+	if out, err := runCmd(t, env, "migrate"); err != nil || !strings.Contains(out, "applied migrations [1]") {
+		t.Fatalf("migrate: %q, %v", out, err)
+	}
+	if out, err := runCmd(t, env, "migrate"); err != nil || !strings.Contains(out, "up to date") {
+		t.Fatalf("migrate again: %q, %v", out, err)
+	}
+	out, err := runCmd(t, env, "enqueue", "-kind", "sleep", "-payload", `{"duration":"1s"}`, "-queue", "q1", "-priority", "3", "-delay", "1h", "-max-attempts", "4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, err := strconv.ParseInt(strings.TrimSpace(out), 10, 64)
+	if err != nil || id <= 0 {
+		t.Fatalf("enqueue printed %q", out)
+	}
+	db := pgtest.PoolFor(t, url)
+	var queue string
+	var prio, maxAttempts int
+	var delayed bool
+	db.QueryRow(context.Background(), "SELECT queue, priority, max_attempts, run_at > now() + interval '59 minutes' FROM leash.jobs WHERE id = $1", id).
+		Scan(&queue, &prio, &maxAttempts, &delayed)
+	if queue != "q1" || prio != 3 || maxAttempts != 4 || !delayed {
+		t.Fatalf("row: %s %d %d %v", queue, prio, maxAttempts, delayed)
+	}
+	for _, bad := range [][]string{{"enqueue"}, {"enqueue", "-kind", "x", "-payload", "{nope"}, {"enqueue", "-kind", "x", "-priority", "99999"}} {
+		if _, err := runCmd(t, env, bad...); err == nil {
+			t.Errorf("%v accepted", bad)
+		}
+	}
+	out, err = runCmd(t, env, "status")
+	if err != nil || !strings.Contains(out, "q1") || !strings.Contains(out, "available") || !strings.Contains(out, "no job running") {
+		t.Fatalf("status: %q, %v", out, err)
+	}
+	if out, err := runCmd(t, env, "revoke", strconv.FormatInt(id, 10), "-reason", "test"); err != nil || !strings.Contains(out, "revoked") {
+		t.Fatalf("revoke: %q, %v", out, err)
+	}
+	if _, err := runCmd(t, env, "revoke", strconv.FormatInt(id, 10)); err == nil || !strings.Contains(err.Error(), "already finished") {
+		t.Fatalf("second revoke: %v", err)
+	}
+	if _, err := runCmd(t, env, "frobnicate"); err == nil {
+		t.Fatal("unknown command accepted")
+	}
+}
+
+// buildWorker compiles the binary once per test that needs a real process.
+func buildWorker(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "worker")
+	cmd := exec.Command("go", "build", "-o", bin, ".")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+func TestSIGTERMHandsBackAndExitsZero(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	db := pgtest.PoolFor(t, url)
+	ctx := context.Background()
+	var id int64
+	db.QueryRow(ctx, `INSERT INTO leash.jobs (kind, payload) VALUES ('sleep', '{"duration":"1m"}') RETURNING id`).Scan(&id)
+	db.Exec(ctx, `INSERT INTO leash.jobs (kind) SELECT 'noop' FROM generate_series(1, 500)`)
+	bin := buildWorker(t)
+	cmd := exec.Command(bin, "run")
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+url, "WORKER_SHUTDOWN_TIMEOUT=1s", "LOG_FORMAT=json", "WORKER_POLL_INTERVAL=50ms")
+	var logs bytes.Buffer
+	cmd.Stderr = &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		var done int
+		var running bool
+		db.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state = 'completed'), bool_or(state = 'running') FROM leash.jobs`).Scan(&done, &running)
+		if done == 500 && running {
+			break
+		}
+		if time.Now().After(deadline) {
+			cmd.Process.Kill()
+			t.Fatalf("500 noop jobs did not drain (%d done)\n%s", done, logs.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	sent := time.Now()
+	cmd.Process.Signal(syscall.SIGTERM)
+	err := cmd.Wait()
+	if err != nil {
+		t.Fatalf("exit: %v\n%s", err, logs.String())
+	}
+	if d := time.Since(sent); d > 10*time.Second {
+		t.Fatalf("took %s to stop with a 1s shutdown timeout", d)
+	}
+	var state string
+	var attempt int
+	db.QueryRow(ctx, `SELECT state, attempt FROM leash.jobs WHERE id = $1`, id).Scan(&state, &attempt)
+	if state != "available" || attempt != 0 {
+		t.Fatalf("sleep job %s at attempt %d after shutdown", state, attempt)
+	}
+}
