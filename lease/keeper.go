@@ -130,7 +130,7 @@ func (k *Keeper) Hold(parent context.Context, jobID, token int64, sentAt time.Ti
 	ctx, cancel := context.WithCancelCause(parent)
 	window := k.cfg.Duration - k.cfg.SafetyMargin
 	l := &Lease{JobID: jobID, Token: token, cancel: cancel, window: window, trustedUntil: sentAt.Add(window),
-		onEnd: func(_ *Lease, cause error) { k.metrics.countEnd(cause) }}
+		onEnd: k.ended}
 	// Armed only once assigned, so that expire always sees the timer.
 	l.timer = time.AfterFunc(time.Duration(math.MaxInt64), l.expire)
 	l.timer.Reset(time.Until(l.trustedUntil))
@@ -138,6 +138,16 @@ func (k *Keeper) Hold(parent context.Context, jobID, token int64, sentAt time.Ti
 	k.held[jobID] = l
 	k.mu.Unlock()
 	return ctx, l
+}
+
+// ended counts a lease's end, and logs the one cause nobody else reports: the trust window
+// running out.
+func (k *Keeper) ended(l *Lease, cause error) {
+	k.metrics.countEnd(cause)
+	if errors.Is(cause, ErrRenewalTimeout) {
+		k.log.Warn("lease renewal not confirmed in time; cancelling job before its lease can expire",
+			slog.Int64("job_id", l.JobID), slog.Int64("lease_token", l.Token))
+	}
 }
 
 // Release stops supervising l (its outcome is written or its lease is gone). The job's context

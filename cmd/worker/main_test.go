@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -165,5 +166,104 @@ func TestSIGTERMHandsBackAndExitsZero(t *testing.T) {
 	db.QueryRow(ctx, `SELECT state, attempt FROM leash.jobs WHERE id = $1`, id).Scan(&state, &attempt)
 	if state != "available" || attempt != 0 {
 		t.Fatalf("sleep job %s at attempt %d after shutdown", state, attempt)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe to read while a process writes to it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// startWorker starts the binary with env added to the test's environment; it is killed when the
+// test ends.
+func startWorker(t *testing.T, bin string, logs *syncBuffer, env ...string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(bin, "run")
+	cmd.Env = append(append(os.Environ(), "LOG_FORMAT=json"), env...)
+	cmd.Stderr = logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Signal(syscall.SIGCONT); cmd.Process.Kill(); cmd.Wait() })
+	return cmd
+}
+
+// poll waits for a database condition that no signal reports (another process's progress).
+func poll(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// A worker frozen with SIGSTOP past its lease is taken over by another with a new token; once
+// thawed it stays up, writes nothing, and the job completes once, at attempt 2.
+func TestSIGSTOPTakeover(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	db := pgtest.PoolFor(t, url)
+	ctx := context.Background()
+	bin := buildWorker(t)
+	timing := []string{"DATABASE_URL=" + url, "WORKER_LEASE_DURATION=2s", "WORKER_HEARTBEAT_INTERVAL=500ms", "WORKER_POLL_INTERVAL=100ms"}
+	var logsA, logsB syncBuffer
+	a := startWorker(t, bin, &logsA, append(timing, "WORKER_ID=A")...)
+	var id, tokenA int64
+	db.QueryRow(ctx, `INSERT INTO leash.jobs (kind, payload) VALUES ('sleep', '{"duration":"3s"}') RETURNING id`).Scan(&id)
+	poll(t, 20*time.Second, "A to claim the job", func() bool {
+		var holder *string
+		db.QueryRow(ctx, `SELECT leased_by, lease_token FROM leash.jobs WHERE id = $1`, id).Scan(&holder, &tokenA)
+		return holder != nil && *holder == "A"
+	})
+	a.Process.Signal(syscall.SIGSTOP)
+	stopped := time.Now()
+	startWorker(t, bin, &logsB, append(timing, "WORKER_ID=B")...)
+	var tokenB int64
+	poll(t, 20*time.Second, "B to take the job over", func() bool {
+		var holder *string
+		db.QueryRow(ctx, `SELECT leased_by, lease_token FROM leash.jobs WHERE id = $1`, id).Scan(&holder, &tokenB)
+		return holder != nil && *holder == "B"
+	})
+	if tokenB == tokenA {
+		t.Fatalf("takeover kept token %d", tokenA)
+	}
+	t.Logf("taken over %s after SIGSTOP", time.Since(stopped).Round(time.Millisecond))
+	a.Process.Signal(syscall.SIGCONT)
+	poll(t, 20*time.Second, "the job to complete", func() bool {
+		var state string
+		db.QueryRow(ctx, `SELECT state FROM leash.jobs WHERE id = $1`, id).Scan(&state)
+		return state == "completed"
+	})
+	poll(t, 10*time.Second, "A to report its rejected outcome", func() bool {
+		return strings.Contains(logsA.String(), "job outcome rejected")
+	})
+	var attempt int
+	var errs string
+	db.QueryRow(ctx, `SELECT attempt, errors::text FROM leash.jobs WHERE id = $1`, id).Scan(&attempt, &errs)
+	if attempt != 2 || !strings.Contains(errs, "worker A stopped renewing") {
+		t.Fatalf("attempt %d, errors %s", attempt, errs)
+	}
+	if err := a.Process.Signal(syscall.Signal(0)); err != nil {
+		t.Fatalf("A died after SIGCONT: %v\n%s", err, logsA.String())
+	}
+	a.Process.Signal(syscall.SIGTERM)
+	if err := a.Wait(); err != nil {
+		t.Fatalf("A exit: %v", err)
 	}
 }
