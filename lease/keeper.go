@@ -78,6 +78,8 @@ type Metrics struct {
 	EndedTimeout      atomic.Int64 // leases ended by ErrRenewalTimeout
 	EndedShutdown     atomic.Int64 // leases ended by ErrShutdown
 	Rescued           atomic.Int64 // expired leases a rescuer took back
+	RevokedByRenewal  atomic.Int64 // revocations found by a regular renewal
+	RevokedByRecheck  atomic.Int64 // revocations found by a re-check after the listener reconnected
 }
 
 func (m *Metrics) countEnd(cause error) {
@@ -100,6 +102,7 @@ type Keeper struct {
 	log     *slog.Logger
 	metrics *Metrics
 	kick    chan struct{}
+	recheck atomic.Bool // the pending kick is a re-check after a reconnect
 	healthy atomic.Bool
 
 	mu   sync.Mutex
@@ -184,9 +187,12 @@ func (k *Keeper) Held() []*Lease {
 // should not claim more work.
 func (k *Keeper) Healthy() bool { return k.healthy.Load() }
 
-// Kick asks the heartbeat loop to renew (and so re-check) every lease now, for example after the
-// listener reconnected and may have missed revocations.
-func (k *Keeper) Kick() {
+// Kick asks the heartbeat loop to renew (and so re-check) every lease now. recheck marks a kick
+// after the listener reconnected and may have missed revocations, for the metrics.
+func (k *Keeper) Kick(recheck bool) {
+	if recheck {
+		k.recheck.Store(true)
+	}
 	select {
 	case k.kick <- struct{}{}:
 	default:
@@ -238,6 +244,7 @@ func (k *Keeper) RenewOnce(ctx context.Context) error {
 	}
 	k.healthy.Store(true)
 	k.metrics.RenewalsSucceeded.Add(int64(len(renewed)))
+	recheck := k.recheck.Swap(false)
 	ok := make(map[int64]bool, len(renewed))
 	for _, id := range renewed {
 		ok[id] = true
@@ -253,10 +260,10 @@ func (k *Keeper) RenewOnce(ctx context.Context) error {
 	if len(missing) == 0 {
 		return nil
 	}
-	return k.settleMissing(sctx, missing)
+	return k.settleMissing(sctx, missing, recheck)
 }
 
-func (k *Keeper) settleMissing(ctx context.Context, missing []*Lease) error {
+func (k *Keeper) settleMissing(ctx context.Context, missing []*Lease, recheck bool) error {
 	ids := make([]int64, len(missing))
 	for i, l := range missing {
 		ids[i] = l.JobID
@@ -285,6 +292,11 @@ func (k *Keeper) settleMissing(ctx context.Context, missing []*Lease) error {
 		}
 		k.metrics.RenewalsLost.Add(1)
 		if l.End(cause) {
+			if cause == ErrRevoked && recheck {
+				k.metrics.RevokedByRecheck.Add(1)
+			} else if cause == ErrRevoked {
+				k.metrics.RevokedByRenewal.Add(1)
+			}
 			attrs := []any{slog.Int64("job_id", l.JobID), slog.Int64("lease_token", l.Token), slog.String("cause", cause.Error())}
 			if found {
 				attrs = append(attrs, slog.String("state", row.State))

@@ -24,6 +24,10 @@ const (
 	PingTimeoutDefault    = 5 * time.Second
 )
 
+// ApplicationName is the application_name of the LISTEN connection, so that operators can find
+// it in pg_stat_activity.
+const ApplicationName = "leash-listener"
+
 // Metrics counts what a Listener saw. All fields are safe for concurrent use.
 type Metrics struct {
 	Received   atomic.Int64 // notifications received on any channel
@@ -173,6 +177,10 @@ func (l *Listener) Reconnect() {
 
 func (l *Listener) connect(ctx context.Context) (*pgx.Conn, error) {
 	cfg := l.Config.Copy()
+	if cfg.RuntimeParams == nil {
+		cfg.RuntimeParams = map[string]string{}
+	}
+	cfg.RuntimeParams["application_name"] = ApplicationName
 	d := Dialer()
 	cfg.DialFunc = d.DialContext
 	conn, err := pgx.ConnectConfig(ctx, cfg)

@@ -233,7 +233,7 @@ func (p *Pool) newListener() *notify.Listener {
 		OnRevoked: p.onRevoked,
 		OnConnect: func() {
 			// Whatever was sent while disconnected: re-check every lease and look for work.
-			p.keeper.Kick()
+			p.keeper.Kick(true)
 			p.poke(p.wake)
 		},
 	}

@@ -23,7 +23,7 @@ func (p *Pool) onRevoked(r notify.Revocation) {
 	if p.cfg.RevokeRequireRow {
 		// Trust only the row: one renewal statement re-checks every lease and ends revoked or
 		// lost ones with the right cause.
-		p.keeper.Kick()
+		p.keeper.Kick(false)
 		return
 	}
 	if r.Takeover {

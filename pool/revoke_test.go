@@ -1,0 +1,326 @@
+package pool_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/leashq/leash/internal/pgtest"
+	"github.com/leashq/leash/lease"
+	"github.com/leashq/leash/notify"
+	"github.com/leashq/leash/pool"
+)
+
+// blocker is a handler that reports each start and waits for its context, reporting the cause.
+type blocker struct {
+	started chan *pool.Job
+	causes  chan jobCause
+}
+
+type jobCause struct {
+	id    int64
+	cause error
+	at    time.Time
+}
+
+func newBlocker() *blocker {
+	return &blocker{started: make(chan *pool.Job, 1000), causes: make(chan jobCause, 1000)}
+}
+
+func (b *blocker) Handle(ctx context.Context, j *pool.Job) error {
+	b.started <- j
+	<-ctx.Done()
+	b.causes <- jobCause{j.ID, context.Cause(ctx), time.Now()}
+	return context.Cause(ctx)
+}
+
+func (b *blocker) next(t *testing.T) *pool.Job {
+	t.Helper()
+	select {
+	case j := <-b.started:
+		return j
+	case <-time.After(20 * time.Second):
+		t.Fatal("no job started")
+		return nil
+	}
+}
+
+func (b *blocker) cause(t *testing.T) jobCause {
+	t.Helper()
+	select {
+	case c := <-b.causes:
+		return c
+	case <-time.After(20 * time.Second):
+		t.Fatal("no job cancelled")
+		return jobCause{}
+	}
+}
+
+// slowHeartbeat makes renewals too rare to explain a fast revocation: only the channel can.
+func slowHeartbeat() pool.Config {
+	cfg := fastConfig()
+	cfg.LeaseDuration, cfg.HeartbeatInterval, cfg.RescueInterval = time.Minute, 20*time.Second, time.Minute
+	return cfg
+}
+
+func mustExec(t *testing.T, db *pgxpool.Pool, sql string, args ...any) {
+	t.Helper()
+	if _, err := db.Exec(context.Background(), sql, args...); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+}
+
+func TestConsoleNotifyRevokesRunningJob(t *testing.T) {
+	t.Parallel()
+	h := newBlocker()
+	p, b := setup(t, nil, slowHeartbeat(), map[string]pool.Handler{"block": h})
+	id := insert(t, b.db, "block", nil, nil)
+	start(t, p)
+	h.next(t)
+	waitFor(t, 10*time.Second, p.ListenerConnected)
+	mustExec(t, b.db, fmt.Sprintf("NOTIFY job_revoked, '%d'", id))
+	if c := h.cause(t); !errors.Is(c.cause, lease.ErrRevoked) {
+		t.Fatalf("cause %v", c.cause)
+	}
+	if ev := b.events.wait(t, 1, 10*time.Second)[0]; ev.State != "cancelled" {
+		t.Fatalf("event %+v", ev)
+	}
+	var reason string
+	b.db.QueryRow(context.Background(), "SELECT coalesce(revoke_reason, '') FROM leash.jobs WHERE id = $1", id).Scan(&reason)
+	r := getRow(t, b.db, id)
+	if r.State != "cancelled" || !strings.Contains(*r.LastError, "revoked") || !strings.Contains(reason, "NOTIFY") {
+		t.Fatalf("row %+v, reason %q", r, reason)
+	}
+	if p.Metrics().RevokedByNotification.Load() != 1 {
+		t.Fatal("not counted as revoked by notification")
+	}
+}
+
+func TestRevokeJobRevokesRunningJob(t *testing.T) {
+	t.Parallel()
+	h := newBlocker()
+	p, b := setup(t, nil, slowHeartbeat(), map[string]pool.Handler{"block": h})
+	id := insert(t, b.db, "block", nil, nil)
+	start(t, p)
+	h.next(t)
+	waitFor(t, 10*time.Second, p.ListenerConnected)
+	mustExec(t, b.db, "SELECT leash.revoke_job($1, 'wrong customer')", id)
+	if c := h.cause(t); !errors.Is(c.cause, lease.ErrRevoked) {
+		t.Fatalf("cause %v", c.cause)
+	}
+	b.events.wait(t, 1, 10*time.Second)
+	var reason string
+	b.db.QueryRow(context.Background(), "SELECT revoke_reason FROM leash.jobs WHERE id = $1", id).Scan(&reason)
+	if r := getRow(t, b.db, id); r.State != "cancelled" || !r.Revoked || reason != "wrong customer" {
+		t.Fatalf("row %+v reason %q", r, reason)
+	}
+}
+
+func TestRevokedQueuedJobNeverRuns(t *testing.T) {
+	t.Parallel()
+	var ran atomic.Int32
+	p, b := setup(t, nil, fastConfig(), map[string]pool.Handler{"k": pool.HandlerFunc(func(context.Context, *pool.Job) error {
+		ran.Add(1)
+		return nil
+	})})
+	revoked := insert(t, b.db, "k", nil, nil)
+	mustExec(t, b.db, "SELECT leash.revoke_job($1)", revoked)
+	later := insert(t, b.db, "k", nil, nil)
+	start(t, p)
+	b.events.wait(t, 1, 10*time.Second)
+	if getRow(t, b.db, later).State != "completed" || getRow(t, b.db, revoked).State != "cancelled" || ran.Load() != 1 {
+		t.Fatalf("revoked queued job ran (%d runs)", ran.Load())
+	}
+}
+
+func TestStaleTokenIgnored(t *testing.T) {
+	t.Parallel()
+	h := newBlocker()
+	cfg := slowHeartbeat()
+	p, b := setup(t, nil, cfg, map[string]pool.Handler{"block": h})
+	first := insert(t, b.db, "block", nil, nil)
+	second := insert(t, b.db, "block", nil, nil)
+	start(t, p)
+	j1, j2 := h.next(t), h.next(t)
+	if j1.ID != first {
+		j1, j2 = j2, j1
+	}
+	waitFor(t, 10*time.Second, p.ListenerConnected)
+	// A notification about an earlier claim of the first job, then a good one for the second:
+	// notifications arrive in order, so once the second is cancelled the first was ignored.
+	mustExec(t, b.db, "SELECT pg_notify('job_revoked', $1)", fmt.Sprintf(`{"id":%d,"token":%d,"reason":"stale"}`, first, j1.Token-1000))
+	mustExec(t, b.db, "SELECT pg_notify('job_revoked', $1)", fmt.Sprintf(`{"id":%d,"token":%d}`, second, j2.Token))
+	if c := h.cause(t); c.id != second || !errors.Is(c.cause, lease.ErrRevoked) {
+		t.Fatalf("cancelled %d with %v", c.id, c.cause)
+	}
+	if err := j1.EnsureActive(); err != nil {
+		t.Fatalf("stale token revoked the current claim: %v", err)
+	}
+}
+
+func TestRevokeRequireRow(t *testing.T) {
+	t.Parallel()
+	h := newBlocker()
+	cfg := slowHeartbeat()
+	cfg.RevokeRequireRow = true
+	p, b := setup(t, nil, cfg, map[string]pool.Handler{"block": h})
+	id := insert(t, b.db, "block", nil, nil)
+	start(t, p)
+	j := h.next(t)
+	waitFor(t, 10*time.Second, p.ListenerConnected)
+	before := p.Metrics().Lease.RenewalsSucceeded.Load()
+	mustExec(t, b.db, fmt.Sprintf("NOTIFY job_revoked, '%d'", id))
+	// The notification makes the worker check the row, which says nothing: it keeps running.
+	waitFor(t, 10*time.Second, func() bool { return p.Metrics().Lease.RenewalsSucceeded.Load() > before })
+	if err := j.EnsureActive(); err != nil {
+		t.Fatalf("a forged NOTIFY revoked the job: %v", err)
+	}
+	mustExec(t, b.db, "SELECT leash.revoke_job($1)", id)
+	if c := h.cause(t); !errors.Is(c.cause, lease.ErrRevoked) {
+		t.Fatalf("cause %v", c.cause)
+	}
+}
+
+// The listener's backend is killed and the revocation sent while it is down: the notification is
+// lost, and the revocation still lands within about one heartbeat.
+func TestRevocationLandsWithListenerDown(t *testing.T) {
+	t.Parallel()
+	h := newBlocker()
+	cfg := fastConfig()
+	cfg.LeaseDuration, cfg.HeartbeatInterval = 4*time.Second, time.Second
+	cfg.ListenReconnectDelay = 3 * time.Second // longer than a heartbeat: the renewal must find it
+	p, b := setup(t, nil, cfg, map[string]pool.Handler{"block": h})
+	id := insert(t, b.db, "block", nil, nil)
+	start(t, p)
+	h.next(t)
+	waitFor(t, 10*time.Second, p.ListenerConnected)
+	mustExec(t, b.db, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1 AND datname = current_database()", notify.ApplicationName)
+	waitFor(t, 10*time.Second, func() bool { return !p.ListenerConnected() })
+	sent := time.Now()
+	mustExec(t, b.db, "SELECT leash.revoke_job($1, 'while deaf')", id)
+	c := h.cause(t)
+	if !errors.Is(c.cause, lease.ErrRevoked) {
+		t.Fatalf("cause %v", c.cause)
+	}
+	if d := c.at.Sub(sent); d > cfg.HeartbeatInterval+cfg.HeartbeatInterval/2 {
+		t.Fatalf("revocation took %s with a %s heartbeat", d, cfg.HeartbeatInterval)
+	}
+	b.events.wait(t, 1, 10*time.Second)
+	if r := getRow(t, b.db, id); r.State != "cancelled" {
+		t.Fatalf("row %+v", r)
+	}
+	m := &p.Metrics().Lease
+	if m.RevokedByRenewal.Load()+m.RevokedByRecheck.Load() != 1 || p.Metrics().RevokedByNotification.Load() != 0 {
+		t.Fatal("revocation not counted as found by renewal")
+	}
+}
+
+func TestGarbageNotificationsLeaveWorkerWorking(t *testing.T) {
+	t.Parallel()
+	h := newBlocker()
+	p, b := setup(t, nil, slowHeartbeat(), map[string]pool.Handler{"noop": noop(), "block": h})
+	blocked := insert(t, b.db, "block", nil, nil)
+	start(t, p)
+	h.next(t)
+	waitFor(t, 10*time.Second, p.ListenerConnected)
+	junk := []string{"", "\t", "abc", "-1", "0", "1.5", "99999999999999999999999", `{"id":"1"}`, `{"id":1,"x":2}`,
+		`{"id":`, `[1]`, `null`, `{"id":1,"token":-4}`, strings.Repeat("9", 7900), `{"id":1}{"id":2}`}
+	// 10,000 distinct payloads (identical ones would be merged by PostgreSQL) in one transaction.
+	mustExec(t, b.db, `SELECT pg_notify('job_revoked', CASE WHEN length(j) > 7000 THEN left(j, 7890) || i
+	                                                    ELSE j || repeat(' ', i / $2) END),
+	                      pg_notify('job_available', 'garbage-' || i)
+	               FROM generate_series(0, 9999) i, LATERAL (SELECT ($1::text[])[(i % $2) + 1]) AS x(j)`, junk, len(junk))
+	// After the flood, a good revocation and a new job are handled as usual.
+	mustExec(t, b.db, fmt.Sprintf("NOTIFY job_revoked, '%d'", blocked))
+	if c := h.cause(t); !errors.Is(c.cause, lease.ErrRevoked) {
+		t.Fatalf("cause %v", c.cause)
+	}
+	b.events.wait(t, 1, 10*time.Second)
+	good := insert(t, b.db, "noop", nil, nil)
+	b.events.wait(t, 1, 10*time.Second)
+	if r := getRow(t, b.db, good); r.State != "completed" {
+		t.Fatalf("worker stopped working: %+v", r)
+	}
+	if n := p.Metrics().Notify.Malformed.Load(); n != 10000 {
+		t.Fatalf("%d malformed counted, want 10000", n)
+	}
+}
+
+// Revocation racing completion leaves exactly one final state per job.
+func TestRevokeRacesComplete(t *testing.T) {
+	t.Parallel()
+	const n = 300
+	db := pgtest.Pool(t)
+	cfg := fastConfig()
+	cfg.Concurrency = 50
+	p, b := setup(t, db, cfg, map[string]pool.Handler{"quick": pool.HandlerFunc(func(ctx context.Context, j *pool.Job) error {
+		// Finish at about the moment the revocation arrives; honour it if it came first.
+		select {
+		case <-time.After(time.Duration(j.ID%5) * time.Millisecond):
+			return nil
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+	})})
+	params := make([]pool.InsertManyParams, n)
+	for i := range params {
+		params[i].Kind = "quick"
+	}
+	pool.InsertMany(context.Background(), db, params)
+	start(t, p)
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for id := int64(w + 1); id <= n; id += 4 {
+				if id%2 == 0 {
+					db.Exec(context.Background(), "SELECT leash.revoke_job($1, 'race')", id)
+				} else {
+					db.Exec(context.Background(), fmt.Sprintf("NOTIFY job_revoked, '%d'", id))
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	// Jobs revoked before they were claimed are cancelled by the database and never reach the
+	// pool, so wait on the table rather than on events.
+	waitFor(t, 30*time.Second, func() bool {
+		var open int
+		db.QueryRow(context.Background(), "SELECT count(*) FROM leash.jobs WHERE state NOT IN ('completed', 'cancelled', 'failed')").Scan(&open)
+		return open == 0
+	})
+	_ = b
+	rows, err := db.Query(context.Background(), `SELECT state, revoked_at IS NOT NULL, attempt, count(*) FROM leash.jobs GROUP BY 1, 2, 3`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var seen []string
+	for rows.Next() {
+		var state string
+		var revoked bool
+		var attempt, count int
+		rows.Scan(&state, &revoked, &attempt, &count)
+		seen = append(seen, fmt.Sprintf("%s revoked=%v attempt=%d: %d", state, revoked, attempt, count))
+		switch {
+		case state == "completed" && attempt == 1:
+		case state == "cancelled" && revoked && attempt <= 1:
+		default:
+			t.Errorf("unexpected: %s revoked=%v attempt=%d (%d jobs)", state, revoked, attempt, count)
+		}
+	}
+	slices.Sort(seen)
+	t.Log(seen)
+	if n := p.Metrics().StaleWrites.Load(); n != 0 {
+		t.Fatalf("%d stale writes", n)
+	}
+}
