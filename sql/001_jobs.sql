@@ -124,8 +124,10 @@ CREATE TRIGGER jobs_notify_revoked
 
 -- Durable revocation: a queued job is cancelled at once, a running one is marked and its holder
 -- notified. False for an unknown or already finished job.
+-- It runs with its owner's rights, so that an operator role can be granted this function alone
+-- (see the README); nobody but the owner may call it until granted.
 CREATE FUNCTION leash.revoke_job(job_id bigint, reason text DEFAULT NULL) RETURNS boolean
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     st text;
     already timestamptz;
@@ -144,3 +146,5 @@ BEGIN
     RETURN true;
 END;
 $$;
+
+REVOKE ALL ON FUNCTION leash.revoke_job(bigint, text) FROM PUBLIC;

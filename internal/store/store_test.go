@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -194,5 +195,52 @@ func TestRevokeJob(t *testing.T) {
 	}
 	if jobs, _ := store.Claim(ctx, db, store.ClaimParams{Queues: []string{"default"}, Limit: 10, WorkerID: "w", Lease: time.Minute}); len(jobs) != 0 {
 		t.Fatalf("claimed revoked jobs %+v", jobs)
+	}
+}
+
+// An operator role granted only leash.revoke_job can revoke jobs but not write the table.
+func TestRevokeJobGrantedToOperatorOnly(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	ctx := context.Background()
+	role := fmt.Sprintf("leash_operator_%d", time.Now().UnixNano()%1e9)
+	id, _ := store.Insert(ctx, db, store.InsertParams{Kind: "k"})
+	conn, err := db.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	defer conn.Exec(ctx, "RESET ROLE")
+	t.Cleanup(func() {
+		for _, r := range []string{role, role + "_x"} {
+			db.Exec(ctx, "DROP OWNED BY "+r)
+			db.Exec(ctx, "DROP ROLE IF EXISTS "+r)
+		}
+	})
+	for _, sql := range []string{
+		"CREATE ROLE " + role + " NOLOGIN",
+		"GRANT USAGE ON SCHEMA leash TO " + role,
+		"GRANT EXECUTE ON FUNCTION leash.revoke_job(bigint, text) TO " + role,
+		"SET ROLE " + role,
+	} {
+		if _, err := conn.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	var ok bool
+	if err := conn.QueryRow(ctx, "SELECT leash.revoke_job($1, 'by operator')", id).Scan(&ok); err != nil || !ok {
+		t.Fatalf("operator revoke: %v, %v", ok, err)
+	}
+	if _, err := conn.Exec(ctx, "UPDATE leash.jobs SET priority = 1"); err == nil {
+		t.Fatal("operator could write the table")
+	}
+	conn.Exec(ctx, "RESET ROLE")
+	// Everyone else is refused.
+	other := role + "_x"
+	conn.Exec(ctx, "CREATE ROLE "+other+" NOLOGIN")
+	conn.Exec(ctx, "GRANT USAGE ON SCHEMA leash TO "+other)
+	conn.Exec(ctx, "SET ROLE "+other)
+	if _, err := conn.Exec(ctx, "SELECT leash.revoke_job($1)", id); err == nil {
+		t.Fatal("a role without the grant could revoke")
 	}
 }
