@@ -394,6 +394,9 @@ func (p *Pool) outcome(j *Job, err error) (store.Outcome, bool) {
 	case errors.Is(cause, lease.ErrRevoked):
 		out.State = store.StateCancelled
 		ae.Error = "revoked: " + err.Error()
+		if errors.Is(cause, errRevokedByNotification) {
+			out.RevokeReason = revokedByNotificationReason
+		}
 	case errors.Is(cause, lease.ErrLost):
 		p.log.Info("handler stopped after losing its lease", slog.Int64("job_id", j.ID),
 			slog.Int64("lease_token", j.Token), slog.Any("err", err))

@@ -2,6 +2,7 @@ package pool
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -12,6 +13,9 @@ import (
 
 // revokedByNotificationReason is recorded on a job revoked by a bare NOTIFY job_revoked.
 const revokedByNotificationReason = "revoked by NOTIFY job_revoked"
+
+// errRevokedByNotification is the cause of a bare NOTIFY revocation; it matches lease.ErrRevoked.
+var errRevokedByNotification = fmt.Errorf("%w by NOTIFY job_revoked", lease.ErrRevoked)
 
 // onRevoked handles a job_revoked notification on the listener's goroutine: it must not block,
 // so database work goes to its own goroutine.
@@ -32,14 +36,19 @@ func (p *Pool) onRevoked(r notify.Revocation) {
 		}
 		return
 	}
-	if !l.End(lease.ErrRevoked) {
+	cause := lease.ErrRevoked
+	if r.Token == 0 {
+		cause = errRevokedByNotification
+	}
+	if !l.End(cause) {
 		return
 	}
 	p.metrics.RevokedByNotification.Add(1)
 	p.log.Info("job revoked by notification; cancelling", slog.Int64("job_id", r.ID), slog.Int64("lease_token", l.Token),
 		slog.String("reason", r.Reason))
 	if r.Token == 0 {
-		// A bare NOTIFY from a console: make it durable in the row, fenced by our token.
+		// A bare NOTIFY from a console: make it durable in the row at once, fenced by our token
+		// (the cancelled outcome records it too, whichever lands first).
 		go func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()

@@ -292,6 +292,8 @@ type Outcome struct {
 	// Error is appended to the errors history (with the database time) and kept as
 	// last_error; nil leaves both alone.
 	Error *AttemptError
+	// RevokeReason is recorded with a cancelled outcome when the row has no revocation yet.
+	RevokeReason string
 }
 
 // AttemptError is one entry of a job's errors history.
@@ -308,10 +310,13 @@ type AttemptError struct {
 func Finish(ctx context.Context, db DBTX, outs []Outcome) ([]int64, error) {
 	n := len(outs)
 	ids, tokens, states := make([]int64, n), make([]int64, n), make([]string, n)
-	delays, errs := make([]int64, n), make([]*string, n)
+	delays, errs, reasons := make([]int64, n), make([]*string, n), make([]*string, n)
 	for i := range outs {
 		o := &outs[i]
 		ids[i], tokens[i], states[i], delays[i] = o.ID, o.Token, o.State, millis(o.Delay)
+		if o.RevokeReason != "" {
+			reasons[i] = &o.RevokeReason
+		}
 		if o.Error != nil {
 			b, err := json.Marshal(o.Error)
 			if err != nil {
@@ -323,8 +328,8 @@ func Finish(ctx context.Context, db DBTX, outs []Outcome) ([]int64, error) {
 	}
 	rows, err := db.Query(ctx, `
 		WITH u AS (
-			SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::bigint[], $5::jsonb[])
-				AS u(id, token, state, delay_ms, err)
+			SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::bigint[], $5::jsonb[], $6::text[])
+				AS u(id, token, state, delay_ms, err, reason)
 		)
 		UPDATE leash.jobs j
 		SET state = CASE WHEN u.state = 'available' AND j.revoked_at IS NOT NULL THEN 'cancelled' ELSE u.state END,
@@ -334,11 +339,13 @@ func Finish(ctx context.Context, db DBTX, outs []Outcome) ([]int64, error) {
 		                         OR (u.state = 'available' AND j.revoked_at IS NOT NULL) THEN now() END,
 		    errors = CASE WHEN u.err IS NULL THEN j.errors ELSE j.errors || jsonb_build_array(jsonb_build_object('at', now()) || u.err) END,
 		    last_error = coalesce(u.err->>'error', j.last_error),
+		    revoke_reason = CASE WHEN u.state = 'cancelled' AND j.revoked_at IS NULL THEN u.reason ELSE j.revoke_reason END,
+		    revoked_at = CASE WHEN u.state = 'cancelled' THEN coalesce(j.revoked_at, now()) ELSE j.revoked_at END,
 		    lease_token = NULL, leased_by = NULL, lease_expires_at = NULL
 		FROM u
 		WHERE j.id = u.id AND j.lease_token = u.token
 		RETURNING j.id, CASE WHEN j.state = 'available' THEN leash.notify_available(j.queue) END`,
-		ids, tokens, states, delays, errs)
+		ids, tokens, states, delays, errs, reasons)
 	if err != nil {
 		return nil, fmt.Errorf("finish jobs: %w", err)
 	}
