@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"time"
 
 	"github.com/leashq/leash/pool"
@@ -77,9 +78,21 @@ func Sleep() pool.Handler {
 	})
 }
 
-// Register adds the built-in handlers to p.
-func Register(p *pool.Pool) error {
-	for kind, h := range map[string]pool.Handler{"noop": Noop(), "sleep": Sleep()} {
+// Options configure the built-in handlers.
+type Options struct {
+	// ExecAllow lists the commands the exec handler may run; empty disables it.
+	ExecAllow []string
+	// ExecGrace is the wait between SIGTERM and SIGKILL for a cancelled command.
+	ExecGrace time.Duration
+	// HTTPClient is used by the http handler; nil means a default client.
+	HTTPClient *http.Client
+}
+
+// Register adds the built-in handlers (noop, sleep, http, exec) to p.
+func Register(p *pool.Pool, o Options) error {
+	for kind, h := range map[string]pool.Handler{
+		"noop": Noop(), "sleep": Sleep(), "http": HTTP(o.HTTPClient), "exec": Exec(o.ExecAllow, o.ExecGrace),
+	} {
 		if err := p.Register(kind, h); err != nil {
 			return err
 		}

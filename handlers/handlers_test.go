@@ -28,7 +28,7 @@ func TestSleepHandler(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := handlers.Register(p); err != nil {
+	if err := handlers.Register(p, handlers.Options{}); err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"time"
@@ -34,6 +35,8 @@ type env struct {
 	LogLevel            string        `env:"LOG_LEVEL, default=info"`
 	LogFormat           string        `env:"LOG_FORMAT"`
 	ListenReconnectWait time.Duration `env:"WORKER_LISTEN_RECONNECT_DELAY, default=2s"`
+	ExecAllow           []string      `env:"WORKER_EXEC_ALLOW"`
+	ExecGrace           time.Duration `env:"WORKER_EXEC_GRACE, default=5s"`
 }
 
 // fieldEnv maps the env struct's field names (as go-envconfig and pool.ConfigError name them) to
@@ -80,6 +83,14 @@ func loadEnv(ctx context.Context, getenv func(string) string) (env, error) {
 	}
 	if e.DBMaxConns < 4 {
 		return e, fmt.Errorf("WORKER_DB_MAX_CONNS=%d: must be at least 4 (claims, outcomes, renewals and rescues each need one)", e.DBMaxConns)
+	}
+	for _, c := range e.ExecAllow {
+		if !filepath.IsAbs(strings.TrimSpace(c)) {
+			return e, fmt.Errorf("WORKER_EXEC_ALLOW: %q must be an absolute path", c)
+		}
+	}
+	if e.ExecGrace <= 0 {
+		return e, fmt.Errorf("WORKER_EXEC_GRACE=%s: must be positive", e.ExecGrace)
 	}
 	if err := e.poolConfig().Validate(); err != nil {
 		var ce *pool.ConfigError

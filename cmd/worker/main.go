@@ -147,7 +147,7 @@ func cmdRun(ctx context.Context, e env, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	if err := handlers.Register(p); err != nil {
+	if err := handlers.Register(p, handlers.Options{ExecAllow: e.ExecAllow, ExecGrace: e.ExecGrace}); err != nil {
 		return err
 	}
 

@@ -1,0 +1,162 @@
+package handlers
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/leashq/leash/pool"
+)
+
+// HTTP handler limits.
+const (
+	HTTPTimeoutDefault = 30 * time.Second
+	HTTPTimeoutMax     = 10 * time.Minute
+	httpBodyKept       = 1024
+)
+
+// HTTPArgs is the payload of an "http" (webhook) job.
+type HTTPArgs struct {
+	// URL to call; http or https. Required.
+	URL string `json:"url"`
+	// Method, default POST.
+	Method string `json:"method,omitempty"`
+	// Headers to send.
+	Headers map[string]string `json:"headers,omitempty"`
+	// Body: a JSON string is sent as is; any other JSON value is sent as JSON
+	// (Content-Type application/json unless a header says otherwise).
+	Body json.RawMessage `json:"body,omitempty"`
+	// Timeout of the request, default 30s, at most 10m.
+	Timeout Duration `json:"timeout,omitempty"`
+}
+
+// HTTPError describes a webhook response that was not 2xx.
+type HTTPError struct {
+	Status int
+	Body   string // the start of the response body
+}
+
+func (e *HTTPError) Error() string {
+	if e.Body == "" {
+		return fmt.Sprintf("webhook answered %d", e.Status)
+	}
+	return fmt.Sprintf("webhook answered %d: %s", e.Status, e.Body)
+}
+
+// HTTP calls a webhook. It sends Leash-Job-Id, Leash-Lease-Token, Leash-Attempt and an
+// Idempotency-Key (the job id, the same for every attempt) so receivers can deduplicate. 2xx
+// completes; 408 and 429 retry (after Retry-After when given); other 4xx fail permanently; 5xx
+// and network errors retry. The request is bound to the job's context: a revocation aborts it.
+// Kind "http". client may be nil (a default client is used).
+func HTTP(client *http.Client) pool.Handler {
+	if client == nil {
+		client = &http.Client{}
+	}
+	return pool.Args(func(ctx context.Context, job *pool.Job, a HTTPArgs) error {
+		req, timeout, err := a.request(ctx, job)
+		if err != nil {
+			return pool.Permanent(err)
+		}
+		rctx, cancel := context.WithTimeout(ctx, timeout)
+		defer cancel()
+		resp, err := client.Do(req.WithContext(rctx))
+		if err != nil {
+			if cause := context.Cause(ctx); cause != nil {
+				return cause
+			}
+			return fmt.Errorf("webhook %s %s: %w", req.Method, redact(req.URL), err)
+		}
+		defer resp.Body.Close()
+		head, _ := io.ReadAll(io.LimitReader(resp.Body, httpBodyKept))
+		io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
+		if resp.StatusCode >= 200 && resp.StatusCode < 300 {
+			return nil
+		}
+		herr := &HTTPError{Status: resp.StatusCode, Body: strings.TrimSpace(string(head))}
+		switch {
+		case resp.StatusCode == http.StatusRequestTimeout || resp.StatusCode == http.StatusTooManyRequests:
+			if d, ok := retryAfter(resp.Header.Get("Retry-After"), time.Now()); ok {
+				return pool.RetryAfter(d, herr)
+			}
+			return herr
+		case resp.StatusCode >= 400 && resp.StatusCode < 500:
+			return pool.Permanent(herr)
+		}
+		return herr
+	})
+}
+
+func (a *HTTPArgs) request(ctx context.Context, job *pool.Job) (*http.Request, time.Duration, error) {
+	u, err := url.Parse(a.URL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, 0, fmt.Errorf("http: url %q must be an absolute http or https URL", a.URL)
+	}
+	method := strings.ToUpper(a.Method)
+	if method == "" {
+		method = http.MethodPost
+	}
+	timeout := time.Duration(a.Timeout)
+	if timeout == 0 {
+		timeout = HTTPTimeoutDefault
+	}
+	if timeout < 0 || timeout > HTTPTimeoutMax {
+		return nil, 0, fmt.Errorf("http: timeout %s must be between 0 and %s", timeout, HTTPTimeoutMax)
+	}
+	var body io.Reader
+	jsonBody := false
+	if len(a.Body) > 0 && string(a.Body) != "null" {
+		var s string
+		if json.Unmarshal(a.Body, &s) == nil {
+			body = strings.NewReader(s)
+		} else {
+			body, jsonBody = bytes.NewReader(a.Body), true
+		}
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u.String(), body)
+	if err != nil {
+		return nil, 0, fmt.Errorf("http: %w", err)
+	}
+	for k, v := range a.Headers {
+		req.Header.Set(k, v)
+	}
+	if jsonBody && req.Header.Get("Content-Type") == "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	id := strconv.FormatInt(job.ID, 10)
+	req.Header.Set("Leash-Job-Id", id)
+	req.Header.Set("Leash-Lease-Token", strconv.FormatInt(job.Token, 10))
+	req.Header.Set("Leash-Attempt", strconv.Itoa(job.Attempt))
+	if req.Header.Get("Idempotency-Key") == "" {
+		req.Header.Set("Idempotency-Key", "leash-job-"+id)
+	}
+	return req, timeout, nil
+}
+
+// retryAfter reads a Retry-After header: seconds or an HTTP date.
+func retryAfter(v string, now time.Time) (time.Duration, bool) {
+	if v == "" {
+		return 0, false
+	}
+	if s, err := strconv.Atoi(strings.TrimSpace(v)); err == nil && s >= 0 {
+		return time.Duration(s) * time.Second, true
+	}
+	if t, err := http.ParseTime(v); err == nil {
+		return max(t.Sub(now), 0), true
+	}
+	return 0, false
+}
+
+// redact drops credentials from a URL for logs and errors.
+func redact(u *url.URL) string {
+	c := *u
+	c.User = nil
+	return c.String()
+}
+
