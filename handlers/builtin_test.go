@@ -74,7 +74,7 @@ func TestHTTPHandler(t *testing.T) {
 	t.Parallel()
 	type seen struct {
 		method, ctype, body string
-		header             http.Header
+		header              http.Header
 	}
 	got := make(chan seen, 10)
 	blocked := make(chan struct{}, 1)

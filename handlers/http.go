@@ -159,4 +159,3 @@ func redact(u *url.URL) string {
 	c.User = nil
 	return c.String()
 }
-
