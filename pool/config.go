@@ -72,6 +72,14 @@ type Config struct {
 	// RevokeRequireRow makes a bare job_revoked notification (no token) count only when the
 	// job's row says it is revoked, since anyone who can connect may NOTIFY. Default false.
 	RevokeRequireRow bool
+	// RetainCompleted is how long completed jobs are kept before deletion. Default 24h;
+	// negative keeps them forever.
+	RetainCompleted time.Duration
+	// RetainFailed is how long failed and cancelled jobs are kept. Default 7 days; negative
+	// keeps them forever.
+	RetainFailed time.Duration
+	// RetentionInterval between deletion passes. Default 1m.
+	RetentionInterval time.Duration
 	// Logger receives the pool's logs. Default: discard.
 	Logger *slog.Logger
 	// Observer, when set, is told about each job as it finishes (for metrics).
@@ -115,6 +123,9 @@ func (c Config) withDefaults() Config {
 	c.ShutdownTimeout = cmpOr(c.ShutdownTimeout, ShutdownTimeoutDefault)
 	c.FinishFlushInterval = cmpOr(c.FinishFlushInterval, FinishFlushDefault)
 	c.StallInterval = cmpOr(c.StallInterval, c.LeaseDuration)
+	c.RetainCompleted = cmpOr(c.RetainCompleted, RetainCompletedDefault)
+	c.RetainFailed = cmpOr(c.RetainFailed, RetainFailedDefault)
+	c.RetentionInterval = cmpOr(c.RetentionInterval, RetentionIntervalDefault)
 	if c.RetryBackoff == nil {
 		c.RetryBackoff = DefaultRetryBackoff
 	}
@@ -146,6 +157,8 @@ func (c Config) Validate() error {
 		return bad("ShutdownTimeout", "must not be negative, got %s", c.ShutdownTimeout)
 	case c.FinishFlushInterval < 0 || c.FinishFlushInterval > time.Second:
 		return bad("FinishFlushInterval", "must be between 0 and 1s, got %s", c.FinishFlushInterval)
+	case c.RetentionInterval < 10*time.Millisecond:
+		return bad("RetentionInterval", "must be at least 10ms, got %s", c.RetentionInterval)
 	case c.RescueInterval < 10*time.Millisecond:
 		return bad("RescueInterval", "must be at least 10ms, got %s", c.RescueInterval)
 	}

@@ -95,12 +95,18 @@ type Observer interface {
 	JobFinished(ev JobEvent)
 }
 
-// JobEvent describes one finished attempt.
+// StartObserver is an optional extension of Observer, told as each attempt starts (State
+// "running", Duration zero).
+type StartObserver interface {
+	JobStarted(ev JobEvent)
+}
+
+// JobEvent describes one attempt.
 type JobEvent struct {
 	Queue    string
 	Kind     string
 	State    string // completed, failed, retryable, cancelled, available (handed back), or "" when the lease was lost
 	Duration time.Duration
-	Pickup   time.Duration // from created_at (or the previous attempt) to this attempt's start, database clock
+	Pickup   time.Duration // from becoming runnable (created_at or run_at) to this attempt's start, database clock
 	Stale    bool          // the outcome was rejected by the lease fence and not written
 }

@@ -27,8 +27,10 @@ type Job struct {
 	Attempt     int
 	MaxAttempts int
 	// Token is this claim's fencing token.
-	Token       int64
-	CreatedAt   time.Time
+	Token     int64
+	CreatedAt time.Time
+	// RunAt is when the job became runnable (scheduled time, or retry time).
+	RunAt       time.Time
 	AttemptedAt time.Time
 
 	lease     *lease.Lease
@@ -95,4 +97,14 @@ func Sleep(ctx context.Context, d time.Duration) error {
 	case <-ctx.Done():
 		return context.Cause(ctx)
 	}
+}
+
+// pickup is how long the job waited between becoming runnable and this attempt's start
+// (database clock).
+func (j *Job) pickup() time.Duration {
+	from := j.RunAt
+	if from.Before(j.CreatedAt) {
+		from = j.CreatedAt
+	}
+	return max(j.AttemptedAt.Sub(from), 0)
 }

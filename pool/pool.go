@@ -37,6 +37,7 @@ type Metrics struct {
 	StaleWrites atomic.Int64 // outcomes and writes rejected by the lease fence
 	Panics      atomic.Int64
 	Stalled     atomic.Int64 // handlers running on after their lease ended, at the last check
+	Pruned      atomic.Int64 // finished jobs deleted by retention
 	// Revocations by how they arrived.
 	RevokedByNotification atomic.Int64
 	RevokedByRenewal      atomic.Int64
@@ -159,6 +160,7 @@ func (p *Pool) Run(ctx context.Context) error {
 	rescuer := &lease.Rescuer{DB: p.db, Interval: p.cfg.RescueInterval, Logger: p.log, Metrics: &p.metrics.Lease}
 	goLoop(func() { rescuer.Run(loops) })
 	goLoop(func() { p.watchStalls(loops) })
+	goLoop(func() { p.runRetention(loops) })
 	goLoop(func() { p.listener.Run(loops) })
 
 	claimCtx, stopClaiming := context.WithCancel(ctx)
@@ -311,11 +313,14 @@ func (p *Pool) start(cj *store.ClaimedJob, sentAt time.Time) {
 	ctx, l := p.keeper.Hold(p.jobsCtx, cj.ID, cj.Token, sentAt)
 	j := &Job{ID: cj.ID, Queue: cj.Queue, Kind: cj.Kind, Payload: cj.Payload, Priority: cj.Priority,
 		Attempt: int(cj.Attempt), MaxAttempts: int(cj.MaxAttempts), Token: cj.Token, CreatedAt: cj.CreatedAt,
-		AttemptedAt: cj.AttemptedAt, lease: l, db: p.db, started: time.Now()}
+		RunAt: cj.RunAt, AttemptedAt: cj.AttemptedAt, lease: l, db: p.db, started: time.Now()}
 	p.runningMu.Lock()
 	p.running[j.ID] = j
 	p.runningMu.Unlock()
 	p.active.Add(1)
+	if so, ok := p.cfg.Observer.(StartObserver); ok {
+		so.JobStarted(JobEvent{Queue: j.Queue, Kind: j.Kind, State: store.StateRunning, Pickup: j.pickup()})
+	}
 	p.group.Go(func() error {
 		p.execute(ctx, j)
 		return nil
@@ -423,7 +428,7 @@ func (p *Pool) observe(j *Job, state string, dur time.Duration, stale bool) {
 		return
 	}
 	p.cfg.Observer.JobFinished(JobEvent{Queue: j.Queue, Kind: j.Kind, State: state, Duration: dur,
-		Pickup: j.AttemptedAt.Sub(j.CreatedAt), Stale: stale})
+		Pickup: j.pickup(), Stale: stale})
 }
 
 // drain waits for running handlers until grace is done, then cancels them with ErrShutdown and

@@ -32,6 +32,9 @@ type env struct {
 	AutoMigrate         bool          `env:"WORKER_AUTO_MIGRATE, default=false"`
 	DBMaxConns          int32         `env:"WORKER_DB_MAX_CONNS, default=10"`
 	HTTPAddr            string        `env:"WORKER_HTTP_ADDR"`
+	AdminToken          string        `env:"WORKER_ADMIN_TOKEN"`
+	RetainCompleted     time.Duration `env:"WORKER_RETENTION_COMPLETED, default=24h"`
+	RetainFailed        time.Duration `env:"WORKER_RETENTION_FAILED, default=168h"`
 	LogLevel            string        `env:"LOG_LEVEL, default=info"`
 	LogFormat           string        `env:"LOG_FORMAT"`
 	ListenReconnectWait time.Duration `env:"WORKER_LISTEN_RECONNECT_DELAY, default=2s"`
@@ -109,5 +112,6 @@ func (e env) poolConfig() pool.Config {
 		RenewRetryInterval: e.RenewRetryInterval, LeaseSafetyMargin: e.LeaseSafetyMargin,
 		RescueInterval: e.RescueInterval, PollInterval: e.PollInterval, ShutdownTimeout: e.ShutdownTimeout,
 		RevokeRequireRow: e.RevokeRequireRow, ListenReconnectDelay: e.ListenReconnectWait,
+		RetainCompleted: e.RetainCompleted, RetainFailed: e.RetainFailed,
 	}
 }

@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"strings"
@@ -19,9 +21,12 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/lmittmann/tint"
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/term"
 
 	"github.com/leashq/leash/handlers"
+	"github.com/leashq/leash/internal/metrics"
+	"github.com/leashq/leash/internal/web"
 	"github.com/leashq/leash/notify"
 	"github.com/leashq/leash/pool"
 )
@@ -143,12 +148,24 @@ func cmdRun(ctx context.Context, e env, log *slog.Logger) error {
 		}
 		cfg.ListenConfig = lc
 	}
+	reg := prometheus.NewRegistry()
+	if e.HTTPAddr != "" {
+		cfg.Observer = metrics.NewObserver(reg)
+	}
 	p, err := pool.New(db, cfg)
 	if err != nil {
 		return err
 	}
 	if err := handlers.Register(p, handlers.Options{ExecAllow: e.ExecAllow, ExecGrace: e.ExecGrace}); err != nil {
 		return err
+	}
+	if e.HTTPAddr != "" {
+		metrics.RegisterPool(reg, p, db)
+		stop, err := serveHTTP(e, db, p, reg, log)
+		if err != nil {
+			return err
+		}
+		defer stop()
 	}
 
 	sigs := make(chan os.Signal, 2)
@@ -175,6 +192,28 @@ func cmdRun(ctx context.Context, e env, log *slog.Logger) error {
 	}()
 	p.Shutdown(sctx)
 	return <-runErr
+}
+
+// serveHTTP starts the health, metrics and admin endpoints on WORKER_HTTP_ADDR; the returned
+// function stops them.
+func serveHTTP(e env, db *pgxpool.Pool, p *pool.Pool, reg *prometheus.Registry, log *slog.Logger) (func(), error) {
+	h, err := web.New(web.Options{DB: db, ListenerConnected: p.ListenerConnected, Gatherer: reg,
+		AdminToken: e.AdminToken, Logger: log})
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", e.HTTPAddr)
+	if err != nil {
+		return nil, fmt.Errorf("WORKER_HTTP_ADDR: %w", err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	go srv.Serve(ln)
+	log.Info("http endpoints listening", slog.String("addr", ln.Addr().String()))
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		srv.Shutdown(ctx)
+	}, nil
 }
 
 func cmdMigrate(ctx context.Context, e env, stdout io.Writer) error {

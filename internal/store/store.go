@@ -172,6 +172,7 @@ type ClaimedJob struct {
 	MaxAttempts int32
 	Token       int64
 	CreatedAt   time.Time
+	RunAt       time.Time
 	AttemptedAt time.Time
 }
 
@@ -190,7 +191,7 @@ const claimSQL = `
 	FROM picked
 	WHERE j.id = picked.id
 	RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.attempt, j.max_attempts, j.lease_token,
-	          j.created_at, j.attempted_at`
+	          j.created_at, j.run_at, j.attempted_at`
 
 var (
 	claimOneQueueSQL   = fmt.Sprintf(claimSQL, "queue = $1")
@@ -213,7 +214,7 @@ func Claim(ctx context.Context, db DBTX, p ClaimParams) ([]ClaimedJob, error) {
 	for rows.Next() {
 		var j ClaimedJob
 		if err := rows.Scan(&j.ID, &j.Queue, &j.Kind, &j.Payload, &j.Priority, &j.Attempt, &j.MaxAttempts,
-			&j.Token, &j.CreatedAt, &j.AttemptedAt); err != nil {
+			&j.Token, &j.CreatedAt, &j.RunAt, &j.AttemptedAt); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("claim jobs: %w", err)
 		}
@@ -579,4 +580,93 @@ func ReadStatus(ctx context.Context, db DBTX, limit int) (Status, error) {
 		return st, fmt.Errorf("read status: %w", err)
 	}
 	return st, nil
+}
+
+// DeleteFinished deletes up to batch jobs that finished (completed when completed is true; failed
+// or cancelled otherwise) more than olderThan ago, oldest first, skipping rows locked by another
+// deleter, and returns how many it deleted. Each call is one short statement.
+func DeleteFinished(ctx context.Context, db DBTX, completed bool, olderThan time.Duration, batch int) (int64, error) {
+	states := `state IN ('failed', 'cancelled')`
+	if completed {
+		states = `state = 'completed'`
+	}
+	tag, err := db.Exec(ctx, `
+		DELETE FROM leash.jobs WHERE id IN (
+			SELECT id FROM leash.jobs
+			WHERE `+states+` AND finished_at < now() - $1 * interval '1 millisecond'
+			ORDER BY finished_at
+			LIMIT $2
+			FOR UPDATE SKIP LOCKED)`, millis(olderThan), batch)
+	if err != nil {
+		return 0, fmt.Errorf("delete finished jobs: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}
+
+// JobRow is every column of one job, for operators.
+type JobRow struct {
+	ID             int64
+	Queue          string
+	Kind           string
+	Payload        string
+	State          string
+	Priority       int16
+	Attempt        int32
+	MaxAttempts    int32
+	RunAt          time.Time
+	LeaseToken     *int64
+	LeasedBy       *string
+	LeaseExpiresIn *time.Duration
+	HeartbeatAge   *time.Duration
+	RevokedAt      *time.Time
+	RevokeReason   *string
+	Progress       *string
+	LastError      *string
+	Errors         string
+	CreatedAt      time.Time
+	AttemptedAt    *time.Time
+	FinishedAt     *time.Time
+}
+
+const jobColumns = `id, queue, kind, jsonb_pretty(payload), state, priority, attempt, max_attempts, run_at,
+	lease_token, leased_by, lease_expires_at - now(), now() - heartbeat_at, revoked_at, revoke_reason,
+	progress::text, last_error, jsonb_pretty(errors), created_at, attempted_at, finished_at`
+
+// GetJob reads one job; pgx.ErrNoRows when there is none.
+func GetJob(ctx context.Context, db DBTX, id int64) (JobRow, error) {
+	rows, err := db.Query(ctx, `SELECT `+jobColumns+` FROM leash.jobs WHERE id = $1`, id)
+	if err != nil {
+		return JobRow{}, fmt.Errorf("read job %d: %w", id, err)
+	}
+	j, err := pgx.CollectExactlyOneRow(rows, pgx.RowToStructByPos[JobRow])
+	if err != nil {
+		return JobRow{}, fmt.Errorf("read job %d: %w", id, err)
+	}
+	return j, nil
+}
+
+// RecentFailures reads the last limit jobs that failed or are waiting to retry, newest first.
+func RecentFailures(ctx context.Context, db DBTX, limit int) ([]JobRow, error) {
+	rows, err := db.Query(ctx, `
+		SELECT `+jobColumns+` FROM leash.jobs
+		WHERE state IN ('failed', 'retryable')
+		ORDER BY coalesce(finished_at, attempted_at) DESC NULLS LAST LIMIT $1`, limit)
+	if err != nil {
+		return nil, fmt.Errorf("read failures: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[JobRow])
+	if err != nil {
+		return nil, fmt.Errorf("read failures: %w", err)
+	}
+	return out, nil
+}
+
+// NotificationQueueUsage reads pg_notification_queue_usage(), the fraction of the server's
+// notification queue in use.
+func NotificationQueueUsage(ctx context.Context, db DBTX) (float64, error) {
+	var u float64
+	if err := db.QueryRow(ctx, `SELECT pg_notification_queue_usage()`).Scan(&u); err != nil {
+		return 0, fmt.Errorf("read notification queue usage: %w", err)
+	}
+	return u, nil
 }

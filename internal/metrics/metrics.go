@@ -1,0 +1,129 @@
+// Package metrics exposes a pool's counters in Prometheus format for the worker binary. The
+// library itself records plain counters (pool.Metrics) and events (pool.Observer), so embedding
+// applications are free to use any metrics backend.
+package metrics
+
+import (
+	"context"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/leashq/leash/internal/store"
+	"github.com/leashq/leash/pool"
+)
+
+// Observer records per-job events; install it as pool.Config.Observer.
+type Observer struct {
+	claimed  *prometheus.CounterVec
+	finished *prometheus.CounterVec
+	duration *prometheus.HistogramVec
+	pickup   *prometheus.HistogramVec
+}
+
+// NewObserver creates the per-job metrics and registers them on reg.
+func NewObserver(reg prometheus.Registerer) *Observer {
+	o := &Observer{
+		claimed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "leash_jobs_claimed_total",
+			Help: "Jobs claimed (attempts started), by queue and kind."}, []string{"queue", "kind"}),
+		finished: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "leash_jobs_finished_total",
+			Help: "Attempts finished, by queue, kind and resulting state (completed, retryable, failed, cancelled, available = handed back, lost = lease lost, stale = outcome rejected by the fence)."},
+			[]string{"queue", "kind", "state"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "leash_job_duration_seconds",
+			Help: "Handler run time, by queue and kind.", Buckets: prometheus.ExponentialBuckets(0.0005, 4, 12)},
+			[]string{"queue", "kind"}),
+		pickup: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "leash_job_pickup_latency_seconds",
+			Help: "Time from a job becoming runnable to its attempt starting (database clock), by queue.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 4, 12)}, []string{"queue"}),
+	}
+	reg.MustRegister(o.claimed, o.finished, o.duration, o.pickup)
+	return o
+}
+
+// JobStarted implements pool.StartObserver.
+func (o *Observer) JobStarted(ev pool.JobEvent) {
+	o.claimed.WithLabelValues(ev.Queue, ev.Kind).Inc()
+	o.pickup.WithLabelValues(ev.Queue).Observe(ev.Pickup.Seconds())
+}
+
+// JobFinished implements pool.Observer.
+func (o *Observer) JobFinished(ev pool.JobEvent) {
+	state := ev.State
+	switch {
+	case ev.Stale:
+		state = "stale"
+	case state == "":
+		state = "lost"
+	}
+	o.finished.WithLabelValues(ev.Queue, ev.Kind, state).Inc()
+	o.duration.WithLabelValues(ev.Queue, ev.Kind).Observe(ev.Duration.Seconds())
+}
+
+// RegisterPool exposes the pool's counters and gauges, and the server's notification queue usage,
+// on reg.
+func RegisterPool(reg prometheus.Registerer, p *pool.Pool, db store.DBTX) {
+	m := p.Metrics()
+	counter := func(name, help string, f func() int64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 { return float64(f()) })
+	}
+	gauge := func(name, help string, f func() float64) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, f)
+	}
+	labelled := func(name, help, label string, values map[string]func() int64) prometheus.Collector {
+		return &funcVec{desc: prometheus.NewDesc(name, help, []string{label}, nil), values: values}
+	}
+	concurrency := float64(p.Config().Concurrency)
+	reg.MustRegister(
+		gauge("leash_slots_busy", "Job slots running a handler.", func() float64 { return float64(p.Busy()) }),
+		gauge("leash_slots_idle", "Job slots free.", func() float64 { return concurrency - float64(p.Busy()) }),
+		labelled("leash_lease_renewals_total", "Lease renewals by outcome: succeeded, failed (statement error), lost (the row no longer held the lease).", "outcome",
+			map[string]func() int64{"succeeded": m.Lease.RenewalsSucceeded.Load, "failed": m.Lease.RenewalsFailed.Load, "lost": m.Lease.RenewalsLost.Load}),
+		labelled("leash_leases_ended_total", "Leases ended before their job finished, by cause.", "cause",
+			map[string]func() int64{"revoked": m.Lease.EndedRevoked.Load, "lost": m.Lease.EndedLost.Load,
+				"renewal_timeout": m.Lease.EndedTimeout.Load, "shutdown": m.Lease.EndedShutdown.Load}),
+		labelled("leash_revocations_total", "Revocations that reached a running job, by the path that brought them.", "path",
+			map[string]func() int64{"notification": m.RevokedByNotification.Load, "renewal": m.Lease.RevokedByRenewal.Load,
+				"reconnect_recheck": m.Lease.RevokedByRecheck.Load}),
+		counter("leash_stale_writes_total", "Writes rejected by the lease fence (the claim no longer held the job).", m.StaleWrites.Load),
+		counter("leash_jobs_rescued_total", "Expired leases this worker took back.", m.Lease.Rescued.Load),
+		counter("leash_handler_panics_total", "Handler panics recovered.", m.Panics.Load),
+		counter("leash_jobs_pruned_total", "Finished jobs deleted by retention.", m.Pruned.Load),
+		gauge("leash_handlers_stalled", "Handlers still running after their lease ended (they ignore cancellation).", func() float64 { return float64(m.Stalled.Load()) }),
+		counter("leash_notifications_received_total", "Notifications received by the listener.", m.Notify.Received.Load),
+		counter("leash_notifications_malformed_total", "job_revoked payloads that did not parse.", m.Notify.Malformed.Load),
+		counter("leash_listener_reconnects_total", "Listener connections made after the first.", m.Notify.Reconnects.Load),
+		counter("leash_listener_pings_lost_total", "Listener liveness pings that did not come back in time.", m.Notify.PingsLost.Load),
+		gauge("leash_listener_connected", "1 when the LISTEN connection is up.", func() float64 {
+			if p.ListenerConnected() {
+				return 1
+			}
+			return 0
+		}),
+		gauge("leash_notification_queue_usage", "Fraction of the server's notification queue in use (pg_notification_queue_usage).", func() float64 {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			u, err := store.NotificationQueueUsage(ctx, db)
+			if err != nil {
+				return -1
+			}
+			return u
+		}),
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	)
+}
+
+// funcVec is a counter family whose values are read from functions at scrape time.
+type funcVec struct {
+	desc   *prometheus.Desc
+	values map[string]func() int64
+}
+
+func (f *funcVec) Describe(ch chan<- *prometheus.Desc) { ch <- f.desc }
+
+func (f *funcVec) Collect(ch chan<- prometheus.Metric) {
+	for label, v := range f.values {
+		ch <- prometheus.MustNewConstMetric(f.desc, prometheus.CounterValue, float64(v()), label)
+	}
+}
