@@ -34,7 +34,7 @@ func NewObserver(reg prometheus.Registerer) *Observer {
 			Help: "Handler run time, by queue and kind.", Buckets: prometheus.ExponentialBuckets(0.0005, 4, 12)},
 			[]string{"queue", "kind"}),
 		pickup: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "leash_job_pickup_latency_seconds",
-			Help: "Time from a job becoming runnable to its attempt starting (database clock), by queue.",
+			Help:    "Time from a job becoming runnable to its attempt starting (database clock), by queue.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 4, 12)}, []string{"queue"}),
 	}
 	reg.MustRegister(o.claimed, o.finished, o.duration, o.pickup)
