@@ -502,3 +502,38 @@ func TestInsertTxVisibleOnCommitOnly(t *testing.T) {
 		t.Fatalf("queue %q", q)
 	}
 }
+
+func TestRetention(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	ctx := context.Background()
+	_, err := db.Exec(ctx, `
+		INSERT INTO leash.jobs (kind, state, finished_at)
+		SELECT 'k', s, now() - age
+		FROM (VALUES ('completed', interval '2 days'), ('completed', interval '1 hour'),
+		             ('failed', interval '8 days'), ('failed', interval '2 days'),
+		             ('cancelled', interval '8 days')) AS v(s, age),
+		     generate_series(1, 1500)`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, _ := setup(t, db, fastConfig(), nil)
+	n, err := p.PruneOnce(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 4500 {
+		t.Fatalf("deleted %d, want 4500", n)
+	}
+	var left int
+	db.QueryRow(ctx, `SELECT count(*) FROM leash.jobs`).Scan(&left)
+	if left != 3000 {
+		t.Fatalf("%d left, want 3000", left)
+	}
+	cfg := fastConfig()
+	cfg.RetainCompleted, cfg.RetainFailed = -1, time.Hour
+	keep, _ := setup(t, db, cfg, nil)
+	if n, err := keep.PruneOnce(ctx); err != nil || n != 1500 {
+		t.Fatalf("deleted %d, %v; want only the 1500 failed", n, err)
+	}
+}

@@ -39,6 +39,7 @@ commands:
   enqueue   add a job: worker enqueue -kind sleep -payload '{"duration":"2s"}'
   revoke    revoke a job: worker revoke ID [-reason TEXT]
   status    show counts per queue and state, and the running jobs
+  demo      a guided tour on a private PostgreSQL (or DATABASE_URL): workload, revocation, summary
 
 configuration is read from the environment; DATABASE_URL is required.
 `
@@ -78,6 +79,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return cmdRevoke(ctx, e, args, stdout, stderr)
 	case "status":
 		return cmdStatus(ctx, e, stdout)
+	case "demo":
+		return cmdDemo(ctx, e, stdout)
 	}
 	return fmt.Errorf("unknown command %q\n%s", cmd, usage)
 }

@@ -270,3 +270,18 @@ func TestSIGSTOPTakeover(t *testing.T) {
 		t.Fatalf("A exit: %v", err)
 	}
 }
+
+// The newcomer's first command, on a machine with PostgreSQL installed but not running.
+func TestDemo(t *testing.T) {
+	t.Parallel()
+	out, err := runCmd(t, envOf(), "demo")
+	if err != nil {
+		t.Fatalf("demo: %v\n%s", err, out)
+	}
+	for _, want := range []string{"Starting a private PostgreSQL", "NOTIFY job_revoked", "cancelled by its worker in",
+		"Summary", "flaky  completed  6", "cancelled (revoked by NOTIFY job_revoked)", "Private PostgreSQL stopped and removed."} {
+		if !strings.Contains(out, want) {
+			t.Errorf("demo output lacks %q:\n%s", want, out)
+		}
+	}
+}
