@@ -39,6 +39,7 @@ commands:
   enqueue   add a job: worker enqueue -kind sleep -payload '{"duration":"2s"}'
   revoke    revoke a job: worker revoke ID [-reason TEXT]
   status    show counts per queue and state, and the running jobs
+  health    probe a running worker's /readyz (for container health checks)
   demo      a guided tour on a private PostgreSQL (or DATABASE_URL): workload, revocation, summary
 
 configuration is read from the environment; DATABASE_URL is required.
@@ -62,6 +63,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if cmd == "help" || cmd == "-h" || cmd == "--help" {
 		fmt.Fprint(stdout, usage)
 		return nil
+	}
+	if cmd == "health" {
+		return cmdHealth(ctx, getenv, args, stdout)
 	}
 	e, err := loadEnv(ctx, getenv)
 	if err != nil {
@@ -217,6 +221,40 @@ func serveHTTP(e env, db *pgxpool.Pool, p *pool.Pool, reg *prometheus.Registry, 
 		defer cancel()
 		srv.Shutdown(ctx)
 	}, nil
+}
+
+// cmdHealth asks a running worker (on WORKER_HTTP_ADDR, or -url) whether it is ready; the exit
+// status says. It needs no database settings, for container health checks.
+func cmdHealth(ctx context.Context, getenv func(string) string, args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("health", flag.ContinueOnError)
+	addr := getenv("WORKER_HTTP_ADDR")
+	if strings.HasPrefix(addr, ":") {
+		addr = "127.0.0.1" + addr
+	}
+	u := fs.String("url", "http://"+addr+"/readyz", "readiness URL to probe")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if addr == "" && !strings.Contains(strings.Join(args, " "), "-url") {
+		return errors.New("health: WORKER_HTTP_ADDR is not set and no -url given")
+	}
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, *u, nil)
+	if err != nil {
+		return fmt.Errorf("health: %w", err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("health: %w", err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("health: %s: %s", resp.Status, strings.TrimSpace(string(body)))
+	}
+	fmt.Fprint(stdout, string(body))
+	return nil
 }
 
 func cmdMigrate(ctx context.Context, e env, stdout io.Writer) error {

@@ -3,12 +3,16 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -283,5 +287,26 @@ func TestDemo(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("demo output lacks %q:\n%s", want, out)
 		}
+	}
+}
+
+func TestHealthProbe(t *testing.T) {
+	t.Parallel()
+	var status atomic.Int32
+	status.Store(200)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(int(status.Load()))
+		fmt.Fprintln(w, "listener not connected")
+	}))
+	defer srv.Close()
+	if _, err := runCmd(t, envOf(), "health", "-url", srv.URL+"/readyz"); err != nil {
+		t.Fatalf("healthy: %v", err)
+	}
+	status.Store(503)
+	if _, err := runCmd(t, envOf(), "health", "-url", srv.URL+"/readyz"); err == nil || !strings.Contains(err.Error(), "listener not connected") {
+		t.Fatalf("unhealthy: %v", err)
+	}
+	if _, err := runCmd(t, envOf(), "health"); err == nil {
+		t.Fatal("no address accepted")
 	}
 }
