@@ -38,7 +38,9 @@ type Job struct {
 	doneInTx  atomic.Bool
 	started   time.Time
 	stallSeen time.Time
-	abandoned atomic.Bool
+	// settled is taken by whoever writes the attempt's outcome: the handler's own return, or
+	// the shutdown hand-back of a handler that ignores cancellation.
+	settled atomic.Bool
 }
 
 // Lease is this claim's lease: EnsureActive before side effects outside the database.

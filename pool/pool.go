@@ -343,11 +343,10 @@ func (p *Pool) execute(ctx context.Context, j *Job) {
 	dur := time.Since(j.started)
 	p.active.Add(-1)
 	p.poke(p.slotWake)
-	if j.abandoned.Load() {
+	if !j.settled.CompareAndSwap(false, true) {
 		// Handed back during shutdown while this handler ignored its context.
 		p.log.Warn("stalled handler returned after its job was handed back; result dropped",
 			slog.Int64("job_id", j.ID), slog.Any("err", err))
-		p.forget(j)
 		return
 	}
 	out, write := p.outcome(j, err)
@@ -463,7 +462,9 @@ func (p *Pool) drain(grace context.Context) {
 	}
 	p.runningMu.Unlock()
 	for _, j := range stalled {
-		j.abandoned.Store(true)
+		if !j.settled.CompareAndSwap(false, true) {
+			continue // it returned just now and writes its own outcome
+		}
 		j.lease.MarkFinishing()
 		p.log.Warn("handler ignores cancellation; handing its job back", slog.Int64("job_id", j.ID), slog.String("kind", j.Kind))
 		p.finishCh <- finishItem{out: store.Outcome{ID: j.ID, Token: j.Token, State: store.StateAvailable}, job: j}

@@ -537,3 +537,37 @@ func TestRetention(t *testing.T) {
 		t.Fatalf("deleted %d, %v; want only the 1500 failed", n, err)
 	}
 }
+
+// A handler that ignores cancellation cannot hold shutdown hostage: its job is handed back, and
+// what it returns later is dropped.
+func TestShutdownHandsBackStalledHandler(t *testing.T) {
+	t.Parallel()
+	started, release, returned := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	p, b := setup(t, nil, fastConfig(), map[string]pool.Handler{"deaf": pool.HandlerFunc(func(ctx context.Context, j *pool.Job) error {
+		close(started)
+		<-release
+		defer close(returned)
+		return nil
+	})})
+	id := insert(t, b.db, "deaf", nil, nil)
+	done := make(chan error, 1)
+	go func() { done <- p.Run(context.Background()) }()
+	<-started
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // a hard stop
+	p.Shutdown(ctx)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if r := getRow(t, b.db, id); r.State != "available" || r.Attempt != 0 || r.Token != nil {
+		t.Fatalf("row %+v", r)
+	}
+	close(release)
+	<-returned
+	if r := getRow(t, b.db, id); r.State != "available" {
+		t.Fatalf("late result written: %+v", r)
+	}
+	if n := p.Metrics().StaleWrites.Load(); n != 0 {
+		t.Fatalf("%d stale writes", n)
+	}
+}

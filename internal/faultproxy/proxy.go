@@ -4,8 +4,6 @@
 package faultproxy
 
 import (
-	"errors"
-	"io"
 	"net"
 	"sync"
 	"time"
@@ -16,15 +14,14 @@ type Proxy struct {
 	ln     net.Listener
 	target string
 
-	mu      sync.Mutex
-	cond    *sync.Cond
-	held    bool
-	refuse  bool
-	delay   time.Duration
-	conns   map[net.Conn]struct{}
-	closed  bool
-	wg      sync.WaitGroup
-	accepts int
+	mu     sync.Mutex
+	cond   *sync.Cond
+	held   bool
+	refuse bool
+	delay  time.Duration
+	conns  map[net.Conn]struct{}
+	closed bool
+	wg     sync.WaitGroup
 }
 
 // New starts a proxy on a free loopback port forwarding to target (host:port).
@@ -106,7 +103,6 @@ func (p *Proxy) acceptLoop() {
 			c.Close()
 			continue
 		}
-		p.accepts++
 		p.conns[c] = struct{}{}
 		p.mu.Unlock()
 		p.wg.Add(1)
@@ -160,10 +156,7 @@ func (p *Proxy) pipe(dst, src net.Conn) {
 			}
 		}
 		if err != nil {
-			if !errors.Is(err, io.EOF) {
-				return
-			}
-			return
+			return // EOF or a closed connection: the other direction is torn down by serve
 		}
 	}
 }
