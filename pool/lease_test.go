@@ -98,6 +98,7 @@ func TestCutOffWorkerStopsBeforeLeaseExpires(t *testing.T) {
 	<-started
 	px.Cut()
 	s := <-got
+	healthy := p.Keeper().Healthy()
 	px.Heal()
 	if s.err != nil {
 		t.Fatal(s.err)
@@ -107,6 +108,9 @@ func TestCutOffWorkerStopsBeforeLeaseExpires(t *testing.T) {
 	}
 	if !s.unexpired || !s.running {
 		t.Fatalf("handler stopped only after its lease expired on the database clock (unexpired=%v running=%v)", s.unexpired, s.running)
+	}
+	if healthy {
+		t.Fatal("renewals fail but the keeper reports healthy: the pool would go on claiming")
 	}
 }
 

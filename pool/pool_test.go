@@ -571,3 +571,37 @@ func TestShutdownHandsBackStalledHandler(t *testing.T) {
 		t.Fatalf("%d stale writes", n)
 	}
 }
+
+func TestDefaultRetryBackoff(t *testing.T) {
+	t.Parallel()
+	prev := time.Duration(0)
+	for attempt := 1; attempt <= 25; attempt++ {
+		d := pool.DefaultRetryBackoff(attempt)
+		base := min(time.Duration(1<<min(attempt-1, 30))*time.Second, 6*time.Hour)
+		if d < base || d > base+base/4 {
+			t.Fatalf("attempt %d: %s outside [%s, %s]", attempt, d, base, base+base/4)
+		}
+		if attempt <= 15 && d <= prev/2 {
+			t.Fatalf("attempt %d: %s does not grow from %s", attempt, d, prev)
+		}
+		prev = d
+	}
+}
+
+// A failed attempt is scheduled after the configured backoff, on the database clock.
+func TestRetryScheduledAfterBackoff(t *testing.T) {
+	t.Parallel()
+	cfg := fastConfig()
+	cfg.RetryBackoff = func(attempt int) time.Duration { return time.Duration(attempt) * time.Hour }
+	p, b := setup(t, nil, cfg, map[string]pool.Handler{"fail": pool.HandlerFunc(func(context.Context, *pool.Job) error {
+		return errors.New("no")
+	})})
+	id := insert(t, b.db, "fail", nil, nil)
+	start(t, p)
+	b.events.wait(t, 1, 10*time.Second)
+	var hours float64
+	b.db.QueryRow(context.Background(), `SELECT extract(epoch FROM run_at - attempted_at) / 3600 FROM leash.jobs WHERE id = $1`, id).Scan(&hours)
+	if r := getRow(t, b.db, id); r.State != "retryable" || hours < 0.99 || hours > 1.01 {
+		t.Fatalf("row %+v, retry in %.3fh", r, hours)
+	}
+}

@@ -244,3 +244,37 @@ func TestRevokeJobGrantedToOperatorOnly(t *testing.T) {
 		t.Fatal("a role without the grant could revoke")
 	}
 }
+
+// The rescuer's three outcomes: retryable, failed when attempts are used up, cancelled when the
+// job was revoked; each guarded by the token it read.
+func TestRescueOutcomes(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	ctx := context.Background()
+	retry, _ := store.Insert(ctx, db, store.InsertParams{Kind: "k", MaxAttempts: 5})
+	last, _ := store.Insert(ctx, db, store.InsertParams{Kind: "k", MaxAttempts: 1})
+	revoked, _ := store.Insert(ctx, db, store.InsertParams{Kind: "k", MaxAttempts: 5})
+	if _, err := store.Claim(ctx, db, store.ClaimParams{Queues: []string{"default"}, Limit: 3, WorkerID: "w", Lease: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	db.Exec(ctx, `UPDATE leash.jobs SET revoked_at = now() WHERE id = $1`, revoked)
+	if got, _ := store.Rescue(ctx, db, 10); len(got) != 0 {
+		t.Fatalf("rescued unexpired leases: %+v", got)
+	}
+	db.Exec(ctx, `UPDATE leash.jobs SET lease_expires_at = now() - interval '1 second'`)
+	got, err := store.Rescue(ctx, db, 10)
+	if err != nil || len(got) != 3 {
+		t.Fatalf("rescue: %+v, %v", got, err)
+	}
+	want := map[int64]string{retry: "retryable", last: "failed", revoked: "cancelled"}
+	for _, r := range got {
+		if r.State != want[r.ID] || r.OldOwner != "w" || r.OldToken == 0 {
+			t.Errorf("job %d rescued as %+v, want %s", r.ID, r, want[r.ID])
+		}
+	}
+	var runnable bool
+	db.QueryRow(ctx, `SELECT run_at <= now() AND lease_token IS NULL FROM leash.jobs WHERE id = $1`, retry).Scan(&runnable)
+	if !runnable {
+		t.Fatal("rescued job is not claimable at once")
+	}
+}
