@@ -17,6 +17,7 @@ type Proxy struct {
 	mu     sync.Mutex
 	cond   *sync.Cond
 	held   bool
+	heldUp bool // only client-to-server traffic is held
 	refuse bool
 	delay  time.Duration
 	conns  map[net.Conn]struct{}
@@ -61,6 +62,14 @@ func (p *Proxy) Hold() {
 	p.mu.Unlock()
 }
 
+// HoldUpstream stops forwarding from the client to the server only (one-way loss): the worker's
+// statements never arrive, while what the server already sent still comes through.
+func (p *Proxy) HoldUpstream() {
+	p.mu.Lock()
+	p.heldUp = true
+	p.mu.Unlock()
+}
+
 // Delay adds d before forwarding each chunk of data.
 func (p *Proxy) Delay(d time.Duration) {
 	p.mu.Lock()
@@ -71,7 +80,7 @@ func (p *Proxy) Delay(d time.Duration) {
 // Heal restores normal forwarding.
 func (p *Proxy) Heal() {
 	p.mu.Lock()
-	p.held, p.refuse, p.delay = false, false, 0
+	p.held, p.heldUp, p.refuse, p.delay = false, false, false, 0
 	p.cond.Broadcast()
 	p.mu.Unlock()
 }
@@ -121,8 +130,8 @@ func (p *Proxy) serve(client net.Conn) {
 	p.conns[server] = struct{}{}
 	p.mu.Unlock()
 	done := make(chan struct{}, 2)
-	go func() { p.pipe(server, client); done <- struct{}{} }()
-	go func() { p.pipe(client, server); done <- struct{}{} }()
+	go func() { p.pipe(server, client, true); done <- struct{}{} }()
+	go func() { p.pipe(client, server, false); done <- struct{}{} }()
 	<-done
 	p.drop(client)
 	p.drop(server)
@@ -136,14 +145,14 @@ func (p *Proxy) drop(c net.Conn) {
 	p.mu.Unlock()
 }
 
-// pipe copies src to dst, waiting while the proxy holds traffic.
-func (p *Proxy) pipe(dst, src net.Conn) {
+// pipe copies src to dst, waiting while the proxy holds traffic (upstream: client to server).
+func (p *Proxy) pipe(dst, src net.Conn, upstream bool) {
 	buf := make([]byte, 32*1024)
 	for {
 		n, err := src.Read(buf)
 		if n > 0 {
 			p.mu.Lock()
-			for p.held && !p.closed {
+			for (p.held || (upstream && p.heldUp)) && !p.closed {
 				p.cond.Wait()
 			}
 			delay := p.delay

@@ -395,7 +395,7 @@ func Rescue(ctx context.Context, db DBTX, limit int) ([]Rescued, error) {
 		    run_at = now(),
 		    last_error = 'lease expired: worker ' || coalesce(e.leased_by, '?') || ' stopped renewing',
 		    errors = j.errors || jsonb_build_array(jsonb_build_object(
-		        'at', now(), 'attempt', j.attempt, 'worker', e.leased_by,
+		        'at', now(), 'attempt', j.attempt, 'worker', e.leased_by, 'token', e.lease_token,
 		        'error', 'lease expired: worker ' || coalesce(e.leased_by, '?') || ' stopped renewing')),
 		    lease_token = NULL, leased_by = NULL, lease_expires_at = NULL
 		FROM expired e
