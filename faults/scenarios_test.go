@@ -13,6 +13,7 @@ import (
 
 	"github.com/leashq/leash/internal/store"
 	"github.com/leashq/leash/notify"
+	"github.com/leashq/leash/pool"
 )
 
 // drainBound is how long everything may take to finish after a fault heals: a lease, a poll and
@@ -335,19 +336,42 @@ func TestRescuerCompleteHeartbeatRace(t *testing.T) {
 // A randomized run: four worker processes with 50 slots each, random faults for a fixed time,
 // then heal and drain. LEASH_SOAK=1 runs the long version.
 func TestRandomizedFaults(t *testing.T) {
-	jobs, faultTime := 5000, 15*time.Second
+	faultTime := 15 * time.Second
 	if os.Getenv("LEASH_SOAK") != "" {
-		jobs, faultTime = 20000, 2*time.Minute
+		faultTime = 2 * time.Minute
 	}
 	h := newHarness(t, true)
 	workers := make([]*worker, 4)
 	for i := range workers {
 		workers[i] = h.start(fmt.Sprintf("W%d", i), 50)
 	}
-	h.enqueue(jobs, "ledger", ledgerArgs{MS: 20}, 50)
-	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1))
-	t.Logf("seed-free random faults for %s over %d jobs", faultTime, jobs)
 	ctx := context.Background()
+	h.enqueue(5000, "ledger", ledgerArgs{MS: 100}, 50)
+	// A producer keeps work arriving all through the faults (through its own connection, which
+	// rides out PostgreSQL restarts by retrying).
+	produced := make(chan int)
+	stopProducing := make(chan struct{})
+	go func() {
+		n := 5000
+		defer func() { produced <- n }()
+		batch := make([]pool.InsertManyParams, 100)
+		for i := range batch {
+			batch[i] = pool.InsertManyParams{Kind: "ledger", Payload: ledgerArgs{MS: 100}, Opts: &pool.InsertOpts{MaxAttempts: 50}}
+		}
+		for {
+			select {
+			case <-stopProducing:
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+			if k, err := pool.InsertMany(ctx, h.db, batch); err == nil {
+				n += int(k)
+			}
+		}
+	}()
+	seed := uint64(time.Now().UnixNano())
+	rng := rand.New(rand.NewPCG(seed, 1))
+	t.Logf("random faults for %s (seed %d)", faultTime, seed)
 	restarts := 0
 	var log []string
 	end := time.Now().Add(faultTime)
@@ -397,11 +421,15 @@ func TestRandomizedFaults(t *testing.T) {
 			log = append(log, "notification flood")
 		}
 	}
+	close(stopProducing)
+	jobs := <-produced
 	for _, w := range workers {
 		w.signal(syscall.SIGCONT)
 		w.proxy.Heal()
 	}
-	d := h.drain(drainBound(time.Duration(jobs) * 20 * time.Millisecond / 200))
+	backlog := h.count(`SELECT count(*) FROM leash.jobs WHERE state NOT IN ('completed', 'failed', 'cancelled')`)
+	t.Logf("%d jobs enqueued, %d left when the faults healed", jobs, backlog)
+	d := h.drain(drainBound(time.Duration(backlog) * 100 * time.Millisecond / 200))
 	h.check(checkOpts{frozen: true})
 	t.Logf("faults: %s", strings.Join(log, ", "))
 	t.Logf("drained %s after healing; %s", d.Round(time.Millisecond), h.stats())
