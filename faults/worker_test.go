@@ -79,8 +79,8 @@ func runWorker() bool {
 		LeaseDuration: leaseDuration, HeartbeatInterval: heartbeat, PollInterval: pollInterval,
 		RescueInterval: 250 * time.Millisecond, ShutdownTimeout: shutdownTimeout,
 		ListenReconnectDelay: reconnectDelay, ListenPingInterval: time.Second,
-		StallInterval:        time.Second,
-		RetryBackoff:         func(int) time.Duration { return 100 * time.Millisecond },
+		StallInterval: time.Second,
+		RetryBackoff:  func(int) time.Duration { return 100 * time.Millisecond },
 	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
