@@ -1,0 +1,220 @@
+// Command bench measures leash against River side by side, on the same PostgreSQL in one run,
+// and prints a table of ratios. With no DATABASE_URL it starts a private PostgreSQL from the local
+// server binaries. Every scenario gets a fresh database holding both schemas.
+//
+//	cd bench && go run . [-jobs 50000] [-only burn,pickup,...]
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"runtime"
+	"runtime/debug"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/riverqueue/river/rivermigrate"
+
+	"github.com/leashq/leash/internal/pgcluster"
+	"github.com/leashq/leash/pool"
+)
+
+var (
+	flagJobs = flag.Int("jobs", 50000, "jobs in each burn-down")
+	flagOnly = flag.String("only", "", "comma-separated scenarios to run (burn,burn2000,steady,pickup,revoke,heartbeat,scale,memory)")
+)
+
+// bench holds the server every scenario runs against.
+type bench struct {
+	admin   string // connection string of a maintenance database
+	counter atomic.Int64
+	rows    []row
+}
+
+// row is one line of the results table.
+type row struct {
+	scenario, system, metric string
+	value                    float64
+	unit                     string
+	baseline                 string // the system this row is compared with
+	higherBetter             bool
+}
+
+func main() {
+	flag.Parse()
+	if len(os.Args) > 1 && os.Args[1] == "child" {
+		childMain(os.Args[2:])
+		return
+	}
+	ctx := context.Background()
+	b := &bench{admin: os.Getenv("DATABASE_URL")}
+	if b.admin == "" {
+		c, err := pgcluster.Start(ctx, "max_connections = 3000", "shared_buffers = 512MB", "synchronous_commit = on")
+		if err != nil {
+			fail(err)
+		}
+		defer c.Close()
+		b.admin = c.URL("postgres")
+	}
+	only := map[string]bool{}
+	for _, s := range strings.Split(*flagOnly, ",") {
+		if s != "" {
+			only[s] = true
+		}
+	}
+	run := func(name string, f func(context.Context)) {
+		if len(only) == 0 || only[name] {
+			f(ctx)
+		}
+	}
+	run("burn", b.burnDown100)
+	run("burn2000", b.burnDown2000)
+	run("steady", b.steady)
+	run("pickup", b.pickup)
+	run("revoke", b.revocation)
+	run("heartbeat", b.heartbeat)
+	run("scale", b.scaleOut)
+	run("memory", b.memory)
+	b.print()
+}
+
+func fail(err error) {
+	fmt.Fprintln(os.Stderr, "bench:", err)
+	os.Exit(1)
+}
+
+func logf(format string, args ...any) { fmt.Fprintf(os.Stderr, format+"\n", args...) }
+
+// freshDB creates a database with leash's and River's schemas and returns its URL.
+func (b *bench) freshDB(ctx context.Context) string {
+	name := fmt.Sprintf("bench_%d_%d", os.Getpid(), b.counter.Add(1))
+	conn, err := pgx.Connect(ctx, b.admin)
+	if err != nil {
+		fail(err)
+	}
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		fail(err)
+	}
+	conn.Close(ctx)
+	u := withDB(b.admin, name)
+	db := open(ctx, u, 10)
+	defer db.Close()
+	if _, err := pool.Migrate(ctx, db); err != nil {
+		fail(err)
+	}
+	m, err := rivermigrate.New(riverpgxv5.New(db), nil)
+	if err != nil {
+		fail(err)
+	}
+	if _, err := m.Migrate(ctx, rivermigrate.DirectionUp, nil); err != nil {
+		fail(err)
+	}
+	return u
+}
+
+func withDB(connString, db string) string {
+	cfg, err := pgx.ParseConfig(connString)
+	if err != nil {
+		fail(err)
+	}
+	return fmt.Sprintf("postgres://%s@%s:%d/%s?sslmode=disable", cfg.User, cfg.Host, cfg.Port, db)
+}
+
+func open(ctx context.Context, url string, maxConns int32) *pgxpool.Pool {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		fail(err)
+	}
+	cfg.MaxConns = maxConns
+	db, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		fail(err)
+	}
+	return db
+}
+
+func (b *bench) add(r row) {
+	b.rows = append(b.rows, r)
+	logf("  %-28s %-22s %-18s %12.2f %s", r.scenario, r.system, r.metric, r.value, r.unit)
+}
+
+// print writes the machine, the versions and the table, each row with its ratio to the
+// baseline measured in the same run.
+func (b *bench) print() {
+	fmt.Printf("machine: %s/%s, %d cores (GOMAXPROCS %d), %s\n", runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.GOMAXPROCS(0), cpuModel())
+	fmt.Printf("versions: %s, PostgreSQL %s, %s\n", runtime.Version(), serverVersion(b.admin), moduleVersions())
+	fmt.Println()
+	fmt.Println("| scenario | system | metric | value | vs baseline |")
+	fmt.Println("|---|---|---|---|---|")
+	for _, r := range b.rows {
+		ratio := ""
+		if r.baseline != "" {
+			for _, base := range b.rows {
+				if base.scenario == r.scenario && base.metric == r.metric && base.system == r.baseline && base.value > 0 {
+					x := r.value / base.value
+					ratio = fmt.Sprintf("%.2fx %s", x, r.baseline)
+				}
+			}
+		}
+		fmt.Printf("| %s | %s | %s | %.2f %s | %s |\n", r.scenario, r.system, r.metric, r.value, r.unit, ratio)
+	}
+}
+
+func cpuModel() string {
+	b, err := os.ReadFile("/proc/cpuinfo")
+	if err != nil {
+		return "unknown CPU"
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+			return strings.TrimSpace(v)
+		}
+	}
+	return "unknown CPU"
+}
+
+func serverVersion(url string) string {
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return "?"
+	}
+	defer conn.Close(ctx)
+	var v string
+	conn.QueryRow(ctx, "SHOW server_version").Scan(&v)
+	return v
+}
+
+func moduleVersions() string {
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		return ""
+	}
+	var out []string
+	for _, m := range info.Deps {
+		switch m.Path {
+		case "github.com/riverqueue/river", "github.com/jackc/pgx/v5":
+			out = append(out, m.Path+" "+m.Version)
+		}
+	}
+	slices.Sort(out)
+	return "leash (this tree), " + strings.Join(out, ", ")
+}
+
+// percentile returns the p-th percentile (0..100) of sorted durations.
+func percentile(sorted []time.Duration, p float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(float64(len(sorted)-1) * p / 100)
+	return sorted[i]
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
