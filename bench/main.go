@@ -28,7 +28,7 @@ import (
 
 var (
 	flagJobs = flag.Int("jobs", 50000, "jobs in each burn-down")
-	flagOnly = flag.String("only", "", "comma-separated scenarios to run (burn,burn2000,steady,pickup,revoke,heartbeat,scale,memory)")
+	flagOnly = flag.String("only", "", "comma-separated scenarios to run (burn,burn2000,steady,pickup,revoke,heartbeat,scale,memory,ablation)")
 )
 
 // bench holds the server every scenario runs against.
@@ -43,7 +43,7 @@ type row struct {
 	scenario, system, metric string
 	value                    float64
 	unit                     string
-	baseline                 string // the system this row is compared with
+	baseline                 []string // the systems this row is compared with
 	higherBetter             bool
 }
 
@@ -82,6 +82,7 @@ func main() {
 	run("heartbeat", b.heartbeat)
 	run("scale", b.scaleOut)
 	run("memory", b.memory)
+	run("ablation", b.ablation)
 	b.print()
 }
 
@@ -154,15 +155,15 @@ func (b *bench) print() {
 	fmt.Println("| scenario | system | metric | value | vs baseline |")
 	fmt.Println("|---|---|---|---|---|")
 	for _, r := range b.rows {
-		ratio := ""
-		if r.baseline != "" {
+		var ratios []string
+		for _, want := range r.baseline {
 			for _, base := range b.rows {
-				if base.scenario == r.scenario && base.metric == r.metric && base.system == r.baseline && base.value > 0 {
-					x := r.value / base.value
-					ratio = fmt.Sprintf("%.2fx %s", x, r.baseline)
+				if base.scenario == r.scenario && base.metric == r.metric && base.system == want && base.value > 0 {
+					ratios = append(ratios, fmt.Sprintf("%.2fx %s", r.value/base.value, want))
 				}
 			}
 		}
+		ratio := strings.Join(ratios, ", ")
 		fmt.Printf("| %s | %s | %s | %.2f %s | %s |\n", r.scenario, r.system, r.metric, r.value, r.unit, ratio)
 	}
 }

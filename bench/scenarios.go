@@ -37,15 +37,14 @@ func (b *bench) burnDown100(ctx context.Context) {
 		c := newRiver(db, 100, t, nil)
 		riverInsertNoops(ctx, c, n)
 		d := riverDrain(ctx, c, n)
-		b.add(row{scenario: scenario, system: t.String(), metric: "jobs/s", value: float64(n) / d.Seconds(), unit: "jobs/s", baseline: floor})
+		b.add(row{scenario: scenario, system: t.String(), metric: "jobs/s", value: float64(n) / d.Seconds(), unit: "jobs/s", baseline: []string{floor}})
 		db.Close()
 	}
 	db := open(ctx, b.freshDB(ctx), 10)
 	leashInsertNoops(ctx, db, n)
 	cnt := newCounter(n)
 	d := leashDrain(ctx, newLeash(db, 100, cnt, nil), cnt)
-	b.add(row{scenario: scenario, system: "leash", metric: "jobs/s", value: float64(n) / d.Seconds(), unit: "jobs/s", baseline: "River tuned"})
-	b.add(row{scenario: scenario, system: "leash ", metric: "jobs/s", value: float64(n) / d.Seconds(), unit: "jobs/s", baseline: floor})
+	b.add(row{scenario: scenario, system: "leash", metric: "jobs/s", value: float64(n) / d.Seconds(), unit: "jobs/s", baseline: []string{"River tuned", floor}})
 	db.Close()
 }
 
@@ -65,7 +64,7 @@ func (b *bench) burnDown2000(ctx context.Context) {
 	leashInsertNoops(ctx, db, n)
 	cnt := newCounter(n)
 	d := leashDrain(ctx, newLeash(db, 2000, cnt, nil), cnt)
-	b.add(row{scenario: scenario, system: "leash", metric: "jobs/s", value: float64(n) / d.Seconds(), unit: "jobs/s", baseline: "River tuned"})
+	b.add(row{scenario: scenario, system: "leash", metric: "jobs/s", value: float64(n) / d.Seconds(), unit: "jobs/s", baseline: []string{"River tuned"}})
 	db.Close()
 }
 
@@ -89,7 +88,11 @@ func pickups(ctx context.Context, db *pgxpool.Pool, table string) []time.Duratio
 func (b *bench) addLatencies(scenario, system, baseline string, lat []time.Duration, pcts ...float64) {
 	slices.Sort(lat)
 	for _, p := range pcts {
-		b.add(row{scenario: scenario, system: system, metric: fmt.Sprintf("p%g", p), value: ms(percentile(lat, p)), unit: "ms", baseline: baseline})
+		r := row{scenario: scenario, system: system, metric: fmt.Sprintf("p%g", p), value: ms(percentile(lat, p)), unit: "ms"}
+		if baseline != "" {
+			r.baseline = []string{baseline}
+		}
+		b.add(r)
 	}
 }
 
@@ -236,7 +239,7 @@ func (b *bench) heartbeat(ctx context.Context) {
 	}
 	base := run(0)
 	b.add(row{scenario: scenario, system: "leash, no long jobs", metric: "jobs/s", value: base, unit: "jobs/s"})
-	b.add(row{scenario: scenario, system: "leash, 1000 leases held", metric: "jobs/s", value: run(1000), unit: "jobs/s", baseline: "leash, no long jobs"})
+	b.add(row{scenario: scenario, system: "leash, 1000 leases held", metric: "jobs/s", value: run(1000), unit: "jobs/s", baseline: []string{"leash, no long jobs"}})
 }
 
 // steady: a producer inserts continuously while workers drain; completed/s and pickup latency.
@@ -244,27 +247,33 @@ func (b *bench) steady(ctx context.Context) {
 	const rate, secs = 5000, 10 // jobs/s offered, for this long
 	scenario := fmt.Sprintf("steady %d jobs/s offered for %ds", rate, secs)
 	logf("%s", scenario)
-	produce := func(insert func(k int)) {
+	// produce inserts a batch every 10 ms for secs seconds and returns how many it inserted.
+	produce := func(insert func() int) int {
 		tick := time.NewTicker(10 * time.Millisecond)
 		defer tick.Stop()
-		end := time.Now().Add(secs * time.Second)
-		for time.Now().Before(end) {
-			<-tick.C
-			insert(rate / 100)
+		n := 0
+		for end := time.Now().Add(secs * time.Second); time.Now().Before(end); <-tick.C {
+			n += insert()
 		}
+		return n
 	}
-	total := rate * secs
 	{
 		db := open(ctx, b.freshDB(ctx), 20)
 		c := newRiver(db, 100, riverTuned, nil)
-		events, cancel := c.SubscribeConfig(&river.SubscribeConfig{ChanSize: total + 1000, Kinds: []river.EventKind{river.EventKindJobCompleted}})
+		events, cancel := c.SubscribeConfig(&river.SubscribeConfig{ChanSize: 2 * rate * secs, Kinds: []river.EventKind{river.EventKindJobCompleted}})
 		c.Start(ctx)
 		began := time.Now()
 		params := make([]river.InsertManyParams, rate/100)
 		for i := range params {
 			params[i] = river.InsertManyParams{Args: noopArgs{}}
 		}
-		produce(func(int) { c.InsertMany(ctx, params) })
+		total := produce(func() int {
+			res, err := c.InsertMany(ctx, params)
+			if err != nil {
+				fail(err)
+			}
+			return len(res)
+		})
 		for range total {
 			<-events
 		}
@@ -276,22 +285,35 @@ func (b *bench) steady(ctx context.Context) {
 		db.Close()
 	}
 	db := open(ctx, b.freshDB(ctx), 10)
-	cnt := newCounter(total)
-	p := newLeash(db, 100, cnt, nil)
+	var finished atomic.Int64
+	p := newLeash(db, 100, observerFunc(func() { finished.Add(1) }), nil)
 	go p.Run(ctx)
 	began := time.Now()
 	params := make([]pool.InsertManyParams, rate/100)
 	for i := range params {
 		params[i].Kind = "noop"
 	}
-	produce(func(int) { pool.InsertMany(ctx, db, params) })
-	<-cnt.done
+	total := produce(func() int {
+		n, err := pool.InsertMany(ctx, db, params)
+		if err != nil {
+			fail(err)
+		}
+		return int(n)
+	})
+	for finished.Load() < int64(total) {
+		time.Sleep(time.Millisecond)
+	}
 	d := time.Since(began)
 	p.Shutdown(ctx)
-	b.add(row{scenario: scenario, system: "leash", metric: "completed/s", value: float64(total) / d.Seconds(), unit: "jobs/s", baseline: "River tuned"})
+	b.add(row{scenario: scenario, system: "leash", metric: "completed/s", value: float64(total) / d.Seconds(), unit: "jobs/s", baseline: []string{"River tuned"}})
 	b.addLatencies(scenario, "leash", "River tuned", pickups(ctx, db, "leash.jobs"), 50, 99)
 	db.Close()
 }
+
+// observerFunc adapts a function to pool.Observer.
+type observerFunc func()
+
+func (f observerFunc) JobFinished(pool.JobEvent) { f() }
 
 // scaleOut: the same burn-down with 1, 2 and 4 worker processes (100 slots each).
 func (b *bench) scaleOut(ctx context.Context) {
@@ -299,7 +321,6 @@ func (b *bench) scaleOut(ctx context.Context) {
 	scenario := fmt.Sprintf("scale-out, burn-down %d", n)
 	logf("%s", scenario)
 	for _, system := range []string{"river", "leash"} {
-		var one float64
 		for _, procs := range []int{1, 2, 4} {
 			url := b.freshDB(ctx)
 			db := open(ctx, url, 10)
@@ -331,12 +352,9 @@ func (b *bench) scaleOut(ctx context.Context) {
 			name := map[string]string{"river": "River tuned", "leash": "leash"}[system]
 			rate := float64(n) / d.Seconds()
 			r := row{scenario: scenario, system: fmt.Sprintf("%s × %d", name, procs), metric: "jobs/s", value: rate, unit: "jobs/s"}
-			if procs == 1 {
-				one = rate
-			} else {
-				r.baseline = fmt.Sprintf("%s × 1", name)
+			if procs > 1 {
+				r.baseline = []string{fmt.Sprintf("%s × 1", name)}
 			}
-			_ = one
 			b.add(r)
 			db.Close()
 		}
@@ -359,7 +377,7 @@ func (b *bench) memory(ctx context.Context) {
 		name := map[string]string{"river": "River tuned", "leash": "leash"}[system]
 		r := row{scenario: scenario, system: name, metric: "RSS", value: kb / 1024, unit: "MB"}
 		if system == "leash" {
-			r.baseline = "River tuned"
+			r.baseline = []string{"River tuned"}
 		}
 		b.add(r)
 	}
@@ -447,4 +465,45 @@ func rssKB() string {
 		}
 	}
 	return "0"
+}
+
+// ablation: what leash's batching buys, measured by turning it down.
+func (b *bench) ablation(ctx context.Context) {
+	n := *flagJobs
+	scenario := fmt.Sprintf("ablation, burn-down %d, 100 workers", n)
+	logf("%s", scenario)
+	for _, c := range []struct {
+		name string
+		cfg  pool.Config
+	}{
+		{"leash defaults", pool.Config{}},
+		{"leash, outcomes not gathered (1µs window)", pool.Config{FinishFlushInterval: time.Microsecond}},
+		{"leash, 10 slots", pool.Config{Concurrency: 10}},
+	} {
+		db := open(ctx, b.freshDB(ctx), 10)
+		leashInsertNoops(ctx, db, n)
+		cnt := newCounter(n)
+		cfg := c.cfg
+		cfg.Concurrency = cmpOr(cfg.Concurrency, 100)
+		cfg.Observer = cnt
+		p, err := pool.New(db, cfg)
+		if err != nil {
+			fail(err)
+		}
+		p.Register("noop", pool.HandlerFunc(func(context.Context, *pool.Job) error { return nil }))
+		d := leashDrain(ctx, p, cnt)
+		r := row{scenario: scenario, system: c.name, metric: "jobs/s", value: float64(n) / d.Seconds(), unit: "jobs/s"}
+		if c.name != "leash defaults" {
+			r.baseline = []string{"leash defaults"}
+		}
+		b.add(r)
+		db.Close()
+	}
+}
+
+func cmpOr(v, def int) int {
+	if v == 0 {
+		return def
+	}
+	return v
 }
