@@ -236,11 +236,20 @@ type RenewParams struct {
 // Renew extends every lease that is still held under its token and not revoked, in one
 // statement, and returns the ids it extended. An id missing from the result is lost.
 func Renew(ctx context.Context, db DBTX, p RenewParams) ([]int64, error) {
+	// Rows are locked in id order first: concurrent multi-row writes on the same rows (a renewal
+	// and an outcome batch) then never wait on each other in a cycle.
 	rows, err := db.Query(ctx, `
+		WITH locked AS (
+			SELECT j.id FROM leash.jobs j
+			JOIN unnest($1::bigint[], $2::bigint[]) AS u(id, token) ON j.id = u.id AND j.lease_token = u.token
+			WHERE j.state = 'running' AND j.revoked_at IS NULL
+			ORDER BY j.id
+			FOR NO KEY UPDATE OF j
+		)
 		UPDATE leash.jobs j
 		SET lease_expires_at = now() + $3 * interval '1 millisecond', heartbeat_at = now()
-		FROM unnest($1::bigint[], $2::bigint[]) AS u(id, token)
-		WHERE j.id = u.id AND j.lease_token = u.token AND j.state = 'running' AND j.revoked_at IS NULL
+		FROM locked
+		WHERE j.id = locked.id
 		RETURNING j.id`, p.IDs, p.Tokens, millis(p.Lease))
 	if err != nil {
 		return nil, fmt.Errorf("renew leases: %w", err)
@@ -329,8 +338,14 @@ func Finish(ctx context.Context, db DBTX, outs []Outcome) ([]int64, error) {
 	}
 	rows, err := db.Query(ctx, `
 		WITH u AS (
-			SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::bigint[], $5::jsonb[], $6::text[])
-				AS u(id, token, state, delay_ms, err, reason)
+			-- Locked in id order, like every multi-row write (see Renew); the row's token is
+			-- checked here, on the latest row version.
+			SELECT j.id, i.state, i.delay_ms, i.err, i.reason
+			FROM leash.jobs j
+			JOIN unnest($1::bigint[], $2::bigint[], $3::text[], $4::bigint[], $5::jsonb[], $6::text[])
+				AS i(id, token, state, delay_ms, err, reason) ON j.id = i.id AND j.lease_token = i.token
+			ORDER BY j.id
+			FOR NO KEY UPDATE OF j
 		)
 		UPDATE leash.jobs j
 		SET state = CASE WHEN u.state = 'available' AND j.revoked_at IS NOT NULL THEN 'cancelled' ELSE u.state END,
@@ -344,7 +359,7 @@ func Finish(ctx context.Context, db DBTX, outs []Outcome) ([]int64, error) {
 		    revoked_at = CASE WHEN u.state = 'cancelled' THEN coalesce(j.revoked_at, now()) ELSE j.revoked_at END,
 		    lease_token = NULL, leased_by = NULL, lease_expires_at = NULL
 		FROM u
-		WHERE j.id = u.id AND j.lease_token = u.token
+		WHERE j.id = u.id
 		RETURNING j.id, CASE WHEN j.state = 'available' THEN leash.notify_available(j.queue) END`,
 		ids, tokens, states, delays, errs, reasons)
 	if err != nil {

@@ -278,3 +278,52 @@ func TestRescueOutcomes(t *testing.T) {
 		t.Fatal("rescued job is not claimable at once")
 	}
 }
+
+// Renewals and outcome writes on overlapping rows, with ids in opposite orders, must not deadlock:
+// every multi-row write locks its rows in id order.
+func TestMultiRowWritesDoNotDeadlock(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	ctx := context.Background()
+	const n = 200
+	for round := range 10 {
+		ps := make([]store.InsertParams, n)
+		for i := range ps {
+			ps[i] = store.InsertParams{Kind: "k", Queue: fmt.Sprintf("r%d", round)}
+		}
+		if _, err := store.InsertMany(ctx, db, ps); err != nil {
+			t.Fatal(err)
+		}
+		jobs, err := store.Claim(ctx, db, store.ClaimParams{Queues: []string{fmt.Sprintf("r%d", round)}, Limit: n, WorkerID: "w", Lease: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var up, down store.RenewParams
+		outs := make([]store.Outcome, 0, n)
+		for i := range jobs {
+			j, r := jobs[i], jobs[len(jobs)-1-i]
+			up.IDs, up.Tokens = append(up.IDs, j.ID), append(up.Tokens, j.Token)
+			down.IDs, down.Tokens = append(down.IDs, r.ID), append(down.Tokens, r.Token)
+			outs = append(outs, store.Outcome{ID: r.ID, Token: r.Token, State: store.StateCompleted})
+		}
+		up.Lease, down.Lease = time.Minute, time.Minute
+		var wg sync.WaitGroup
+		errs := make(chan error, 4)
+		for _, f := range []func() error{
+			func() error { _, err := store.Renew(ctx, db, up); return err },
+			func() error { _, err := store.Renew(ctx, db, down); return err },
+			func() error { _, err := store.Finish(ctx, db, outs); return err },
+			func() error { _, err := store.Renew(ctx, db, up); return err },
+		} {
+			wg.Add(1)
+			go func() { defer wg.Done(); errs <- f() }()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			if err != nil {
+				t.Fatalf("round %d: %v", round, err)
+			}
+		}
+	}
+}
