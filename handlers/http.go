@@ -43,6 +43,7 @@ type HTTPError struct {
 	Body   string // the start of the response body
 }
 
+// Error describes the response.
 func (e *HTTPError) Error() string {
 	if e.Body == "" {
 		return fmt.Sprintf("webhook answered %d", e.Status)

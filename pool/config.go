@@ -92,6 +92,7 @@ type ConfigError struct {
 	Rule  string
 }
 
+// Error names the field and the rule.
 func (e *ConfigError) Error() string { return fmt.Sprintf("invalid config: %s %s", e.Field, e.Rule) }
 
 // DefaultRetryBackoff waits 2^(attempt-1) seconds, capped at six hours, plus up to 25% jitter.
