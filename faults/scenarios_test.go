@@ -141,7 +141,7 @@ func TestRevocationWhileListenerDown(t *testing.T) {
 		return h.count(`SELECT count(*) FROM leash.jobs WHERE state = 'running'`) == 5
 	})
 	ctx := context.Background()
-	if _, err := h.db.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1`, notify.ApplicationName); err != nil {
+	if _, err := h.db.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1 AND datname = current_database()`, notify.ApplicationName); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := h.db.Exec(ctx, `SELECT leash.revoke_job(id, 'while the listener is down') FROM leash.jobs`); err != nil {
