@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -16,6 +18,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/leashq/leash/internal/pgtest"
 )
@@ -308,5 +312,112 @@ func TestHealthProbe(t *testing.T) {
 	}
 	if _, err := runCmd(t, envOf(), "health"); err == nil {
 		t.Fatal("no address accepted")
+	}
+}
+
+// The deployment of README's PgBouncer notes: the pool through PgBouncer in transaction mode
+// (with default_query_exec_mode=exec, which PgBouncer before 1.21 needs), LISTEN on a direct
+// LISTEN_DATABASE_URL. Jobs drain, a console revocation lands, SIGTERM exits 0.
+func TestBehindPgBouncer(t *testing.T) {
+	t.Parallel()
+	bouncer, err := exec.LookPath("pgbouncer")
+	if err != nil {
+		for _, p := range []string{"/usr/sbin/pgbouncer", "/usr/bin/pgbouncer"} {
+			if _, serr := os.Stat(p); serr == nil {
+				bouncer, err = p, nil
+			}
+		}
+	}
+	if err != nil {
+		if os.Getenv("LEASH_REQUIRE_PGBOUNCER") != "" {
+			t.Fatal("pgbouncer not installed (Debian package pgbouncer)")
+		}
+		t.Skip("pgbouncer not installed; set LEASH_REQUIRE_PGBOUNCER=1 to make this a failure")
+	}
+	direct := pgtest.URL(t)
+	cfg, _ := pgx.ParseConfig(direct)
+	// Readable by the postgres user PgBouncer runs as when the tests run as root (t.TempDir's
+	// parent is private).
+	dir, err := os.MkdirTemp("", "leash-pgbouncer-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(dir, 0o755)
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	port := ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	ini := fmt.Sprintf(`[databases]
+* = host=%s port=%d
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = %d
+unix_socket_dir =
+auth_type = trust
+auth_file = %s/users.txt
+pool_mode = transaction
+max_client_conn = 200
+default_pool_size = 10
+ignore_startup_parameters = extra_float_digits
+`, cfg.Host, cfg.Port, port, dir)
+	os.WriteFile(filepath.Join(dir, "pgbouncer.ini"), []byte(ini), 0o644)
+	os.WriteFile(filepath.Join(dir, "users.txt"), []byte(`"postgres" ""`+"\n"), 0o644)
+	cmd := exec.Command(bouncer, filepath.Join(dir, "pgbouncer.ini"))
+	if os.Geteuid() == 0 { // PgBouncer refuses to run as root
+		u, err := user.Lookup("postgres")
+		if err != nil {
+			t.Skip("running as root without a postgres user to run PgBouncer as")
+		}
+		uid, _ := strconv.Atoi(u.Uid)
+		gid, _ := strconv.Atoi(u.Gid)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, Pdeathsig: syscall.SIGKILL}
+	}
+	var bouncerLog syncBuffer
+	cmd.Stdout, cmd.Stderr = &bouncerLog, &bouncerLog
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+		if t.Failed() {
+			t.Logf("pgbouncer:\n%s", bouncerLog.String())
+		}
+	})
+	viaBouncer := fmt.Sprintf("postgres://%s@127.0.0.1:%d/%s?sslmode=disable&default_query_exec_mode=exec", cfg.User, port, cfg.Database)
+	poll(t, 10*time.Second, "PgBouncer to listen", func() bool {
+		c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	})
+
+	db := pgtest.PoolFor(t, direct)
+	ctx := context.Background()
+	db.Exec(ctx, `INSERT INTO leash.jobs (kind) SELECT 'noop' FROM generate_series(1, 300)`)
+	var long int64
+	db.QueryRow(ctx, `INSERT INTO leash.jobs (kind, payload) VALUES ('sleep', '{"duration":"1m","progress":true}') RETURNING id`).Scan(&long)
+	var logs syncBuffer
+	w := startWorker(t, buildWorker(t), &logs, "DATABASE_URL="+viaBouncer, "LISTEN_DATABASE_URL="+direct,
+		"WORKER_HEARTBEAT_INTERVAL=500ms", "WORKER_LEASE_DURATION=2s", "WORKER_POLL_INTERVAL=100ms", "WORKER_SHUTDOWN_TIMEOUT=1s")
+	poll(t, 30*time.Second, "300 jobs through PgBouncer, and the long one running", func() bool {
+		var done int
+		var running bool
+		db.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state = 'completed'), bool_or(state = 'running' AND progress IS NOT NULL) FROM leash.jobs`).Scan(&done, &running)
+		return done == 300 && running
+	})
+	db.Exec(ctx, fmt.Sprintf("NOTIFY job_revoked, '%d'", long))
+	poll(t, 10*time.Second, "the revocation", func() bool {
+		var state string
+		db.QueryRow(ctx, `SELECT state FROM leash.jobs WHERE id = $1`, long).Scan(&state)
+		return state == "cancelled"
+	})
+	w.Process.Signal(syscall.SIGTERM)
+	if err := w.Wait(); err != nil {
+		t.Fatalf("exit: %v", err)
+	}
+	if strings.Contains(logs.String(), `"level":"WARN"`) || strings.Contains(logs.String(), `"level":"ERROR"`) {
+		t.Fatalf("worker logged problems behind PgBouncer:\n%s\npgbouncer:\n%s", logs.String(), bouncerLog.String())
 	}
 }
