@@ -123,9 +123,6 @@ func NewKeeper(db store.DBTX, cfg Config, log *slog.Logger, metrics *Metrics) *K
 	return k
 }
 
-// Config returns the Keeper's filled timing.
-func (k *Keeper) Config() Config { return k.cfg }
-
 // Hold starts supervising a claim made by a statement sent at sentAt (taken before sending, on
 // the monotonic clock). It returns the job's context, derived from parent and cancelled with the
 // lease's cause when the lease ends.

@@ -70,6 +70,7 @@ type Pool struct {
 	handlers   map[string]Handler
 
 	listener *notify.Listener
+	startObs StartObserver // Config.Observer, when it also wants starts
 	wake     chan struct{} // a notification or a poll: there may be new jobs
 	slotWake chan struct{} // a handler returned: a slot is free
 	active   atomic.Int64
@@ -105,6 +106,7 @@ func New(db *pgxpool.Pool, cfg Config) (*Pool, error) {
 		finishCh: make(chan finishItem, 4*cfg.Concurrency+16), finisherDone: make(chan struct{}),
 		running: map[int64]*Job{}, shutdownCh: make(chan struct{}), done: make(chan struct{}),
 	}
+	p.startObs, _ = cfg.Observer.(StartObserver)
 	p.keeper = lease.NewKeeper(db, cfg.leaseConfig(), p.log, &p.metrics.Lease)
 	p.group.SetLimit(cfg.Concurrency)
 	p.listener = p.newListener()
@@ -318,8 +320,8 @@ func (p *Pool) start(cj *store.ClaimedJob, sentAt time.Time) {
 	p.running[j.ID] = j
 	p.runningMu.Unlock()
 	p.active.Add(1)
-	if so, ok := p.cfg.Observer.(StartObserver); ok {
-		so.JobStarted(JobEvent{Queue: j.Queue, Kind: j.Kind, State: store.StateRunning, Pickup: j.pickup()})
+	if p.startObs != nil {
+		p.startObs.JobStarted(JobEvent{Queue: j.Queue, Kind: j.Kind, State: store.StateRunning, Pickup: j.pickup()})
 	}
 	p.group.Go(func() error {
 		p.execute(ctx, j)

@@ -44,12 +44,6 @@ func Main(m *testing.M) {
 	os.Exit(code)
 }
 
-// Cluster returns the private cluster, or nil when the tests use an external server.
-func Cluster(t testing.TB) *pgcluster.Cluster {
-	s := setup(t)
-	return s.cluster
-}
-
 func setup(t testing.TB) *serverInfo {
 	t.Helper()
 	once.Do(func() {

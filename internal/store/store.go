@@ -500,19 +500,6 @@ func MarkRevoked(ctx context.Context, db DBTX, id, token int64, reason string) (
 	return tag.RowsAffected() > 0, nil
 }
 
-// IsRevoked reports whether the row of job id says it is revoked.
-func IsRevoked(ctx context.Context, db DBTX, id int64) (bool, error) {
-	var revoked bool
-	err := db.QueryRow(ctx, `SELECT revoked_at IS NOT NULL FROM leash.jobs WHERE id = $1`, id).Scan(&revoked)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return false, nil
-	}
-	if err != nil {
-		return false, fmt.Errorf("read revocation of job %d: %w", id, err)
-	}
-	return revoked, nil
-}
-
 // Revoke calls leash.revoke_job.
 func Revoke(ctx context.Context, db DBTX, id int64, reason string) (bool, error) {
 	var ok bool
