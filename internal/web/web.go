@@ -10,10 +10,13 @@ import (
 	"fmt"
 	"html/template"
 	"log/slog"
+	"net"
 	"net/http"
+	"net/netip"
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
@@ -39,6 +42,14 @@ type Options struct {
 	// AdminToken, when set, is required (as a bearer token or the basic-auth password) for the
 	// admin page and its actions.
 	AdminToken string
+	// AdminOpen serves the admin page without a token when AdminToken is empty. Without it, an
+	// empty AdminToken disables the admin page (403). Meant for a listener on loopback only.
+	AdminOpen bool
+	// AdminHosts are the host names (without port) the admin page answers to besides loopback
+	// names (localhost, *.localhost) and IP literals; an entry starting with a dot matches every
+	// subdomain. Any other Host header is refused (421), so a DNS-rebinding page cannot use the
+	// admin page under its own name. Matching ignores case and a trailing dot.
+	AdminHosts []string
 	// Refresh is the admin page's self-refresh period. Default 3s.
 	Refresh time.Duration
 	// Logger for errors. Default: discard.
@@ -47,7 +58,8 @@ type Options struct {
 
 type server struct {
 	Options
-	tmpl *template.Template
+	tmpl  *template.Template
+	hosts []string // normalized AdminHosts
 }
 
 // New returns the handler for every endpoint.
@@ -72,7 +84,7 @@ func New(o Options) (http.Handler, error) {
 				return ""
 			}
 			if len(*s) > 160 {
-				return (*s)[:160] + "…"
+				return truncate(*s, 160) + "…"
 			}
 			return *s
 		},
@@ -82,6 +94,11 @@ func New(o Options) (http.Handler, error) {
 		return nil, fmt.Errorf("parse admin templates: %w", err)
 	}
 	s := &server{Options: o, tmpl: t}
+	for _, h := range o.AdminHosts {
+		if h = normHost(h); h != "" {
+			s.hosts = append(s.hosts, h)
+		}
+	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("GET /readyz", s.ready)
@@ -92,8 +109,10 @@ func New(o Options) (http.Handler, error) {
 	admin.HandleFunc("GET /{$}", s.index)
 	admin.HandleFunc("GET /jobs/{id}", s.job)
 	admin.HandleFunc("POST /jobs/{id}/revoke", s.revoke)
-	// Cross-origin POSTs (a page elsewhere submitting to this one) are refused.
-	mux.Handle("/", s.auth(http.NewCrossOriginProtection().Handler(admin)))
+	// The Host check comes first: a DNS-rebinding page (its own name resolving to this address)
+	// is refused before anything else; then the token; then cross-origin POSTs (a page elsewhere
+	// submitting to this one) are refused.
+	mux.Handle("/", s.checkHost(s.auth(http.NewCrossOriginProtection().Handler(admin))))
 	return mux, nil
 }
 
@@ -101,7 +120,10 @@ func (s *server) ready(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
 	if err := s.DB.Ping(ctx); err != nil {
-		http.Error(w, "database unreachable: "+err.Error(), http.StatusServiceUnavailable)
+		// The detail (host names, user names, server messages) is for the log, not for whoever
+		// can reach this unauthenticated endpoint.
+		s.Logger.Warn("readiness: database unreachable", slog.Any("err", err))
+		http.Error(w, "database unreachable", http.StatusServiceUnavailable)
 		return
 	}
 	if s.ListenerConnected != nil && !s.ListenerConnected() {
@@ -111,9 +133,52 @@ func (s *server) ready(w http.ResponseWriter, r *http.Request) {
 	fmt.Fprintln(w, "ready")
 }
 
+// checkHost refuses requests whose Host header is not a loopback name, an IP literal or one of
+// AdminHosts. A browser sends the name it resolved, so a page on an attacker's name rebound to
+// this address is refused; an IP literal cannot be rebound and is accepted.
+func (s *server) checkHost(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !s.hostAllowed(r.Host) {
+			http.Error(w, "this admin page does not answer to this host name (see WORKER_ADMIN_HOSTS)", http.StatusMisdirectedRequest)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func (s *server) hostAllowed(hostport string) bool {
+	h := hostport
+	if host, _, err := net.SplitHostPort(hostport); err == nil {
+		h = host
+	}
+	h = normHost(strings.TrimSuffix(strings.TrimPrefix(h, "["), "]"))
+	if h == "" {
+		return false
+	}
+	if _, err := netip.ParseAddr(h); err == nil {
+		return true
+	}
+	if h == "localhost" || strings.HasSuffix(h, ".localhost") {
+		return true
+	}
+	for _, a := range s.hosts {
+		if h == a || (strings.HasPrefix(a, ".") && strings.HasSuffix(h, a)) {
+			return true
+		}
+	}
+	return false
+}
+
+func normHost(h string) string { return strings.TrimSuffix(strings.ToLower(strings.TrimSpace(h)), ".") }
+
 func (s *server) auth(next http.Handler) http.Handler {
 	if s.AdminToken == "" {
-		return next
+		if s.AdminOpen {
+			return next
+		}
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			http.Error(w, "the admin page is disabled: no admin token is configured (WORKER_ADMIN_TOKEN)", http.StatusForbidden)
+		})
 	}
 	want := []byte(s.AdminToken)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -140,6 +205,26 @@ type indexData struct {
 	Flash    string
 }
 
+// Flash messages are chosen by a fixed code in the URL, never taken from it, so a crafted link
+// cannot make the page say anything else.
+const (
+	flashRevoked      = "revoked"
+	flashNotRevocable = "not-revocable"
+)
+
+func flashText(code string, id int64) string {
+	if id <= 0 {
+		return ""
+	}
+	switch code {
+	case flashRevoked:
+		return fmt.Sprintf("Job %d revoked.", id)
+	case flashNotRevocable:
+		return fmt.Sprintf("Job %d is unknown or already finished: nothing to revoke.", id)
+	}
+	return ""
+}
+
 func (s *server) index(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	st, err := store.ReadStatus(ctx, s.DB, 200)
@@ -152,8 +237,10 @@ func (s *server) index(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, err)
 		return
 	}
+	q := r.URL.Query()
+	id, _ := strconv.ParseInt(q.Get("job"), 10, 64)
 	s.render(w, "index.html", indexData{Status: st, Failures: failures, Refresh: int(s.Refresh.Seconds()), Now: time.Now(),
-		Flash: r.URL.Query().Get("flash")})
+		Flash: flashText(q.Get("flash"), id)})
 }
 
 func (s *server) job(w http.ResponseWriter, r *http.Request) {
@@ -175,7 +262,7 @@ func (s *server) job(w http.ResponseWriter, r *http.Request) {
 		Job     store.JobRow
 		Flash   string
 		Refresh int
-	}{j, r.URL.Query().Get("flash"), int(s.Refresh.Seconds())})
+	}{j, flashText(r.URL.Query().Get("flash"), id), int(s.Refresh.Seconds())})
 }
 
 func (s *server) revoke(w http.ResponseWriter, r *http.Request) {
@@ -184,27 +271,53 @@ func (s *server) revoke(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "bad job id", http.StatusBadRequest)
 		return
 	}
-	reason := strings.TrimSpace(r.FormValue("reason"))
+	r.Body = http.MaxBytesReader(w, r.Body, maxFormBytes)
+	if err := r.ParseForm(); err != nil {
+		http.Error(w, "bad form", http.StatusBadRequest)
+		return
+	}
+	reason := cleanReason(r.PostFormValue("reason"))
 	if reason == "" {
 		reason = "revoked from the admin page"
-	}
-	if len(reason) > 500 {
-		reason = reason[:500]
 	}
 	ok, err := store.Revoke(r.Context(), s.DB, id, reason)
 	if err != nil {
 		s.fail(w, err)
 		return
 	}
-	flash := fmt.Sprintf("Job %d revoked.", id)
+	code := flashRevoked
 	if !ok {
-		flash = fmt.Sprintf("Job %d is unknown or already finished: nothing to revoke.", id)
+		code = flashNotRevocable
 	}
-	back := "/jobs/" + strconv.FormatInt(id, 10)
-	if r.FormValue("back") == "index" {
-		back = "/"
+	back := fmt.Sprintf("/jobs/%d?flash=%s", id, code)
+	if r.PostFormValue("back") == "index" {
+		back = fmt.Sprintf("/?flash=%s&job=%d", code, id)
 	}
-	http.Redirect(w, r, back+"?flash="+template.URLQueryEscaper(flash), http.StatusSeeOther)
+	http.Redirect(w, r, back, http.StatusSeeOther)
+}
+
+const (
+	maxFormBytes   = 64 << 10
+	maxReasonBytes = 500
+)
+
+// cleanReason makes a form value safe to store as PostgreSQL text: invalid UTF-8 and NUL bytes
+// (which text rejects) are dropped, surrounding space trimmed, and the rest cut to
+// maxReasonBytes on a character boundary.
+func cleanReason(s string) string {
+	s = strings.ReplaceAll(strings.ToValidUTF8(s, ""), "\x00", "")
+	return strings.TrimSpace(truncate(strings.TrimSpace(s), maxReasonBytes))
+}
+
+// truncate cuts s to at most n bytes without splitting a UTF-8 sequence.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
 }
 
 func (s *server) render(w http.ResponseWriter, name string, data any) {
@@ -217,7 +330,7 @@ func (s *server) render(w http.ResponseWriter, name string, data any) {
 
 func (s *server) fail(w http.ResponseWriter, err error) {
 	s.Logger.Error("admin page", slog.Any("err", err))
-	http.Error(w, "database error: "+err.Error(), http.StatusServiceUnavailable)
+	http.Error(w, "database error (the worker's log has the detail)", http.StatusServiceUnavailable)
 }
 
 func fmtAge(d time.Duration) string {

@@ -4,16 +4,20 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/chromedp/chromedp"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/leashq/leash/handlers"
@@ -183,4 +187,187 @@ func TestAdminPageInBrowser(t *testing.T) {
 	if state != "cancelled" {
 		t.Fatalf("state after revoke %q", state)
 	}
+}
+
+// serve serves the endpoints with o on a fresh database (when o.DB is nil) and no pool.
+func serve(t *testing.T, o web.Options) *httptest.Server {
+	t.Helper()
+	if o.DB == nil {
+		o.DB = pgtest.Pool(t)
+	}
+	h, err := web.New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+func do(t *testing.T, req *http.Request) (int, string) {
+	t.Helper()
+	resp, err := http.DefaultTransport.RoundTrip(req) // no redirects followed
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if loc := resp.Header.Get("Location"); loc != "" {
+		return resp.StatusCode, loc
+	}
+	return resp.StatusCode, string(b)
+}
+
+// With no token configured the admin page is closed unless it was opened on purpose (a
+// loopback-only listener); the probes stay open.
+func TestAdminPageClosedWithoutToken(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	closed := serve(t, web.Options{DB: db, Gatherer: prometheus.NewRegistry()})
+	if code, body := get(t, closed.URL+"/"); code != http.StatusForbidden || !strings.Contains(body, "WORKER_ADMIN_TOKEN") {
+		t.Fatalf("admin page without a token: %d %q", code, body)
+	}
+	if code, _ := get(t, closed.URL+"/jobs/1"); code != http.StatusForbidden {
+		t.Fatalf("job page without a token: %d", code)
+	}
+	for _, p := range []string{"/healthz", "/readyz", "/metrics"} {
+		if code, body := get(t, closed.URL+p); code != 200 {
+			t.Fatalf("%s: %d %q", p, code, body)
+		}
+	}
+	open := serve(t, web.Options{DB: db, AdminOpen: true})
+	if code, _ := get(t, open.URL+"/"); code != 200 {
+		t.Fatalf("admin page opened on purpose: %d", code)
+	}
+}
+
+// A DNS-rebinding page reaches the admin page under its own name: refused. Loopback names, IP
+// literals and the configured names are served; the probes answer to any name.
+func TestAdminHostCheck(t *testing.T) {
+	t.Parallel()
+	srv := serve(t, web.Options{AdminOpen: true, AdminHosts: []string{"Worker.Internal.", ".admin.example"}})
+	_, port, _ := net.SplitHostPort(strings.TrimPrefix(srv.URL, "http://"))
+	cases := map[string]int{
+		"evil.example": http.StatusMisdirectedRequest, "evil.example:" + port: http.StatusMisdirectedRequest,
+		"localhost.evil.example": http.StatusMisdirectedRequest, "worker.internal.evil.example": http.StatusMisdirectedRequest,
+		"admin.example": http.StatusMisdirectedRequest, "admin.example@127.0.0.1": http.StatusMisdirectedRequest,
+		"127.0.0.1:" + port: 200, "localhost:" + port: 200, "LOCALHOST.": 200, "web.localhost": 200, "[::1]:" + port: 200,
+		"10.1.2.3": 200, "worker.internal:" + port: 200, "WORKER.INTERNAL": 200, "a.admin.example": 200,
+	}
+	for host, want := range cases {
+		req, _ := http.NewRequest("GET", srv.URL+"/", nil)
+		req.Host = host
+		if code, body := do(t, req); code != want {
+			t.Errorf("Host %q: %d, want %d (%.80s)", host, code, want, body)
+		}
+	}
+	req, _ := http.NewRequest("GET", srv.URL+"/healthz", nil)
+	req.Host = "evil.example"
+	if code, _ := do(t, req); code != 200 {
+		t.Fatalf("healthz under another name: %d", code)
+	}
+}
+
+// The revoke reason is stored as PostgreSQL text: NUL bytes and invalid UTF-8 are dropped and a
+// long reason is cut on a character boundary, never a database error.
+func TestRevokeReasonIsCleaned(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	srv := serve(t, web.Options{DB: db, AdminOpen: true})
+	ctx := context.Background()
+	long := strings.Repeat("é", 300)
+	cases := map[string]string{
+		"a\x00b":            "ab",
+		"\xff\xfe ok \xc3":  "ok",
+		long:                strings.Repeat("é", 250),
+		"x" + long:          "x" + strings.Repeat("é", 249),
+		"\x00\x00":          "revoked from the admin page",
+		" " + long + "\x00": strings.Repeat("é", 250),
+	}
+	for in, want := range cases {
+		id, err := pool.Insert(ctx, db, "noop", nil, &pool.InsertOpts{Delay: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		form := url.Values{"reason": {in}, "back": {"index\x00"}}
+		req, _ := http.NewRequest("POST", fmt.Sprintf("%s/jobs/%d/revoke?x=%%00", srv.URL, id), strings.NewReader(form.Encode()))
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		code, loc := do(t, req)
+		if code != http.StatusSeeOther || loc != fmt.Sprintf("/jobs/%d?flash=revoked", id) {
+			t.Errorf("reason %q: %d %q", in, code, loc)
+			continue
+		}
+		var got string
+		db.QueryRow(ctx, `SELECT revoke_reason FROM leash.jobs WHERE id = $1`, id).Scan(&got)
+		if got != want {
+			t.Errorf("reason %q stored as %q, want %q", in, got, want)
+		}
+	}
+}
+
+// The flash message is picked by a code; text in the URL is never shown.
+func TestFlashIsNotReflected(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	srv := serve(t, web.Options{DB: db, AdminOpen: true})
+	id, err := pool.Insert(context.Background(), db, "noop", nil, &pool.InsertOpts{Delay: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const bait = "Your session expired, log in at evil.example"
+	for _, p := range []string{"/?flash=" + url.QueryEscape(bait), "/?flash=revoked&job=" + url.QueryEscape(bait),
+		fmt.Sprintf("/jobs/%d?flash=%s", id, url.QueryEscape(bait))} {
+		code, body := get(t, srv.URL+p)
+		if code != 200 || strings.Contains(body, "evil.example") || strings.Contains(body, `id="flash"`) {
+			t.Errorf("%s: %d, page shows the URL's text", p, code)
+		}
+	}
+	if _, body := get(t, srv.URL+"/?flash=revoked&job=7"); !strings.Contains(body, "Job 7 revoked.") {
+		t.Error("index flash by code not shown")
+	}
+	if _, body := get(t, fmt.Sprintf("%s/jobs/%d?flash=not-revocable", srv.URL, id)); !strings.Contains(body, fmt.Sprintf("Job %d is unknown or already finished", id)) {
+		t.Error("job flash by code not shown")
+	}
+}
+
+// /readyz is unauthenticated: it says the database is unreachable, not what the driver said
+// (server names, user names, database names); the log has that.
+func TestReadyzHidesDatabaseError(t *testing.T) {
+	t.Parallel()
+	u, err := url.Parse(pgtest.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Path = "/no_such_database_secret_name"
+	db, err := pgxpool.New(context.Background(), u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var logs syncBuffer
+	srv := serve(t, web.Options{DB: db, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	code, body := get(t, srv.URL+"/readyz")
+	if code != http.StatusServiceUnavailable || strings.TrimSpace(body) != "database unreachable" {
+		t.Fatalf("readyz: %d %q", code, body)
+	}
+	if !strings.Contains(logs.String(), "no_such_database_secret_name") {
+		t.Fatalf("the log lacks the detail: %q", logs.String())
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
