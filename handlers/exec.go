@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -42,10 +43,12 @@ var ErrExecDisabled = errors.New("exec handler is disabled on this worker: set W
 // Exec runs an allow-listed command. allow holds command paths; an empty list disables the
 // handler (jobs fail permanently saying so). The child runs in its own process group with a small
 // environment (PATH, HOME, LANG, TZ, the payload's env) plus LEASH_JOB_ID, LEASH_LEASE_TOKEN and
-// LEASH_ATTEMPT; the worker's own variables (DATABASE_URL...) are not passed on. When the job's
-// context ends (revoked, lease lost, shutdown) or its timeout passes, the group gets SIGTERM, then
-// SIGKILL after grace. A non-zero exit fails the attempt with the exit code and the output's tail.
-// Kind "exec".
+// LEASH_ATTEMPT; the worker's own variables (DATABASE_URL...) are not passed on. The payload's env
+// may not set variables that make the command load or run other code (see [EnvDenied]): such a
+// job fails permanently naming the variable. When the job's context ends (revoked, lease lost,
+// shutdown) or its timeout passes, the group gets SIGTERM, then SIGKILL after grace. A non-zero
+// exit fails the attempt with the exit code and the output's tail (at most 2 kB, valid UTF-8,
+// NUL bytes replaced). Kind "exec".
 func Exec(allow []string, grace time.Duration) pool.Handler {
 	if grace <= 0 {
 		grace = ExecGraceDefault
@@ -62,6 +65,17 @@ func Exec(allow []string, grace time.Duration) pool.Handler {
 		}
 		if len(a.Cmd) == 0 || a.Cmd[0] == "" {
 			return pool.Permanent(errors.New("exec: cmd must be a non-empty argv array"))
+		}
+		for i, arg := range a.Cmd {
+			if strings.IndexByte(arg, 0) >= 0 {
+				return pool.Permanent(fmt.Errorf("exec: cmd[%d] contains a NUL byte", i))
+			}
+		}
+		if strings.IndexByte(a.Dir, 0) >= 0 {
+			return pool.Permanent(errors.New("exec: dir contains a NUL byte"))
+		}
+		if err := checkEnv(a.Env); err != nil {
+			return pool.Permanent(err)
 		}
 		path, err := resolve(a.Cmd[0], allowed)
 		if err != nil {
@@ -132,26 +146,112 @@ func runChild(ctx context.Context, job *pool.Job, path string, a ExecArgs, timeo
 	if err != nil {
 		var ee *exec.ExitError
 		if errors.As(err, &ee) {
-			return fmt.Errorf("exec %s: exit code %d: %s", a.Cmd[0], ee.ExitCode(), out.String())
+			return fmt.Errorf("exec %s: exit code %d: %s", a.Cmd[0], ee.ExitCode(), out.text())
 		}
 		return fmt.Errorf("exec %s: %w", a.Cmd[0], err)
 	}
 	return nil
 }
 
+// EnvDenied says why the payload's env may not set name ("" when it may). Refused: names that are
+// not [A-Za-z_][A-Za-z0-9_]*; PATH and HOME (the worker's own are passed on: a job choosing them
+// chooses which programs and startup files run) and LEASH_* (set by the worker); and variables
+// that make the dynamic loader, a shell or an interpreter load or run other code: LD_*, DYLD_*,
+// BASH_FUNC_*, GIT_CONFIG*, BASH_ENV, ENV, IFS, SHELLOPTS, PYTHONSTARTUP, PERL5OPT, NODE_OPTIONS,
+// JAVA_TOOL_OPTIONS and the like (the full list is envDeniedNames).
+func EnvDenied(name string) string {
+	if !validEnvName(name) {
+		return "not a valid variable name ([A-Za-z_][A-Za-z0-9_]*)"
+	}
+	for _, p := range envDeniedPrefixes {
+		if strings.HasPrefix(name, p.prefix) {
+			return p.why
+		}
+	}
+	if why, ok := envDeniedNames[name]; ok {
+		return why
+	}
+	return ""
+}
+
+func validEnvName(name string) bool {
+	if name == "" {
+		return false
+	}
+	for i, c := range []byte(name) {
+		switch {
+		case c == '_', c >= 'A' && c <= 'Z', c >= 'a' && c <= 'z':
+		case c >= '0' && c <= '9' && i > 0:
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+const (
+	whyLoader = "changes what the dynamic loader or libc loads"
+	whyShell  = "makes a shell run other code"
+	whyInterp = "makes an interpreter load or run other code"
+	whyTool   = "makes a tool run another program"
+	whyWorker = "set by the worker"
+)
+
+var envDeniedPrefixes = []struct{ prefix, why string }{
+	{"LD_", whyLoader}, {"DYLD_", whyLoader}, {"BASH_FUNC_", whyShell}, {"GIT_CONFIG", whyTool}, {"LEASH_", whyWorker},
+}
+
+var envDeniedNames = map[string]string{
+	"PATH": whyWorker, "HOME": whyWorker,
+	"GCONV_PATH": whyLoader, "LOCPATH": whyLoader, "GLIBC_TUNABLES": whyLoader, "MALLOC_CONF": whyLoader, "NLSPATH": whyLoader,
+	"HOSTALIASES": whyLoader, "LOCALDOMAIN": whyLoader, "RES_OPTIONS": whyLoader, "RESOLV_HOST_CONF": whyLoader,
+	"BASH_ENV": whyShell, "ENV": whyShell, "IFS": whyShell, "CDPATH": whyShell, "SHELLOPTS": whyShell,
+	"BASHOPTS": whyShell, "PS4": whyShell, "PROMPT_COMMAND": whyShell, "GLOBIGNORE": whyShell, "ZDOTDIR": whyShell,
+	"PYTHONSTARTUP": whyInterp, "PYTHONPATH": whyInterp, "PYTHONHOME": whyInterp, "PYTHONINSPECT": whyInterp,
+	"PYTHONWARNINGS": whyInterp, "PYTHONBREAKPOINT": whyInterp, "PYTHONUSERBASE": whyInterp, "PYTHONSAFEPATH": whyInterp,
+	"PERL5OPT": whyInterp, "PERL5LIB": whyInterp, "PERLLIB": whyInterp, "PERL5DB": whyInterp,
+	"RUBYOPT": whyInterp, "RUBYLIB": whyInterp, "NODE_OPTIONS": whyInterp, "NODE_PATH": whyInterp,
+	"JAVA_TOOL_OPTIONS": whyInterp, "_JAVA_OPTIONS": whyInterp, "JDK_JAVA_OPTIONS": whyInterp, "CLASSPATH": whyInterp,
+	"LUA_INIT": whyInterp, "LUA_PATH": whyInterp, "LUA_CPATH": whyInterp, "PHPRC": whyInterp, "PHP_INI_SCAN_DIR": whyInterp,
+	"GIT_SSH": whyTool, "GIT_SSH_COMMAND": whyTool, "GIT_EXEC_PATH": whyTool, "GIT_ASKPASS": whyTool,
+	"GIT_EXTERNAL_DIFF": whyTool, "GIT_PAGER": whyTool, "GIT_EDITOR": whyTool, "GIT_PROXY_COMMAND": whyTool,
+	"SSH_ASKPASS": whyTool, "PAGER": whyTool, "EDITOR": whyTool, "VISUAL": whyTool, "BROWSER": whyTool,
+	"LESSOPEN": whyTool, "LESSCLOSE": whyTool, "MANPAGER": whyTool,
+}
+
+// checkEnv refuses the payload's env when a name is denied or a value holds a NUL byte; the
+// error names the first offending variable (in sorted order).
+func checkEnv(env map[string]string) error {
+	for _, k := range slices.Sorted(maps.Keys(env)) {
+		if why := EnvDenied(k); why != "" {
+			return fmt.Errorf("exec: env variable %s is not allowed: %s", quoteName(k), why)
+		}
+		if strings.IndexByte(env[k], 0) >= 0 {
+			return fmt.Errorf("exec: env variable %s has a NUL byte in its value", k)
+		}
+	}
+	return nil
+}
+
+// quoteName shows a variable name in an error: quoted (so control bytes are escaped) and short.
+func quoteName(k string) string {
+	if len(k) > 64 {
+		return strconv.Quote(k[:64]) + "..."
+	}
+	return strconv.Quote(k)
+}
+
 func childEnv(job *pool.Job, extra map[string]string) []string {
 	var env []string
 	for _, k := range []string{"PATH", "HOME", "LANG", "TZ"} {
+		if _, override := extra[k]; override {
+			continue // LANG and TZ may be chosen by the job, once
+		}
 		if v, ok := os.LookupEnv(k); ok {
 			env = append(env, k+"="+v)
 		}
 	}
-	keys := make([]string, 0, len(extra))
-	for k := range extra {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	for _, k := range keys {
+	for _, k := range slices.Sorted(maps.Keys(extra)) {
 		env = append(env, k+"="+extra[k])
 	}
 	return append(env,
@@ -177,8 +277,9 @@ func (t *tail) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-func (t *tail) String() string {
+// text is the output's tail as clean text: valid UTF-8, no NUL bytes, at most max bytes.
+func (t *tail) text() string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return strings.TrimSpace(string(t.buf))
+	return strings.TrimSpace(tailText(t.buf, t.max))
 }
