@@ -84,14 +84,20 @@ type Options struct {
 	ExecAllow []string
 	// ExecGrace is the wait between SIGTERM and SIGKILL for a cancelled command.
 	ExecGrace time.Duration
-	// HTTPClient is used by the http handler; nil means a default client.
+	// HTTPClient is used by the http handler as is; nil means HTTPPolicy.Client().
 	HTTPClient *http.Client
+	// HTTPPolicy says which addresses the http handler may connect to, when HTTPClient is nil.
+	HTTPPolicy HTTPPolicy
 }
 
 // Register adds the built-in handlers (noop, sleep, http, exec) to p.
 func Register(p *pool.Pool, o Options) error {
+	client := o.HTTPClient
+	if client == nil {
+		client = o.HTTPPolicy.Client()
+	}
 	for kind, h := range map[string]pool.Handler{
-		"noop": Noop(), "sleep": Sleep(), "http": HTTP(o.HTTPClient), "exec": Exec(o.ExecAllow, o.ExecGrace),
+		"noop": Noop(), "sleep": Sleep(), "http": HTTP(client), "exec": Exec(o.ExecAllow, o.ExecGrace),
 	} {
 		if err := p.Register(kind, h); err != nil {
 			return err

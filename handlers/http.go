@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -40,7 +41,7 @@ type HTTPArgs struct {
 // HTTPError describes a webhook response that was not 2xx.
 type HTTPError struct {
 	Status int
-	Body   string // the start of the response body
+	Body   string // the start of the response body: at most 1 kB, valid UTF-8, NUL bytes replaced
 }
 
 // Error describes the response.
@@ -55,10 +56,12 @@ func (e *HTTPError) Error() string {
 // Idempotency-Key (the job id, the same for every attempt) so receivers can deduplicate. 2xx
 // completes; 408 and 429 retry (after Retry-After when given); other 4xx fail permanently; 5xx
 // and network errors retry. The request is bound to the job's context: a revocation aborts it.
-// Kind "http". client may be nil (a default client is used).
+// A connection refused by the client's [HTTPPolicy] fails the job permanently. Kind "http".
+// client may be nil: then HTTPPolicy{}.Client() is used (no link-local or metadata addresses).
+// A client of your own is used as is: its transport decides which addresses it may reach.
 func HTTP(client *http.Client) pool.Handler {
 	if client == nil {
-		client = &http.Client{}
+		client = HTTPPolicy{}.Client()
 	}
 	return pool.Args(func(ctx context.Context, job *pool.Job, a HTTPArgs) error {
 		req, timeout, err := a.request(ctx, job)
@@ -72,7 +75,12 @@ func HTTP(client *http.Client) pool.Handler {
 			if cause := context.Cause(ctx); cause != nil {
 				return cause
 			}
-			return fmt.Errorf("webhook %s %s: %w", req.Method, redact(req.URL), err)
+			werr := &cleanError{fmt.Sprintf("webhook %s %s", req.Method, redact(req.URL)), err}
+			var aerr *AddressError
+			if errors.As(err, &aerr) {
+				return pool.Permanent(werr)
+			}
+			return werr
 		}
 		defer resp.Body.Close()
 		head, _ := io.ReadAll(io.LimitReader(resp.Body, httpBodyKept))
@@ -80,7 +88,7 @@ func HTTP(client *http.Client) pool.Handler {
 		if resp.StatusCode >= 200 && resp.StatusCode < 300 {
 			return nil
 		}
-		herr := &HTTPError{Status: resp.StatusCode, Body: strings.TrimSpace(string(head))}
+		herr := &HTTPError{Status: resp.StatusCode, Body: strings.TrimSpace(headText(head, httpBodyKept))}
 		switch {
 		case resp.StatusCode == http.StatusRequestTimeout || resp.StatusCode == http.StatusTooManyRequests:
 			if d, ok := retryAfter(resp.Header.Get("Retry-After"), time.Now()); ok {
@@ -125,6 +133,12 @@ func (a *HTTPArgs) request(ctx context.Context, job *pool.Job) (*http.Request, t
 		return nil, 0, fmt.Errorf("http: %w", err)
 	}
 	for k, v := range a.Headers {
+		if !validHeaderName(k) {
+			return nil, 0, fmt.Errorf("http: header name %s is not valid", quoteName(k))
+		}
+		if !validHeaderValue(v) {
+			return nil, 0, fmt.Errorf("http: header %s has a control character in its value", k)
+		}
 		req.Header.Set(k, v)
 	}
 	if jsonBody && req.Header.Get("Content-Type") == "" {
@@ -153,6 +167,40 @@ func retryAfter(v string, now time.Time) (time.Duration, bool) {
 	}
 	return 0, false
 }
+
+func validHeaderName(k string) bool {
+	if k == "" {
+		return false
+	}
+	for _, c := range []byte(k) {
+		if c <= ' ' || c >= 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, c) >= 0 {
+			return false
+		}
+	}
+	return true
+}
+
+func validHeaderValue(v string) bool {
+	for _, c := range []byte(v) {
+		if (c < ' ' && c != '\t') || c == 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+// cleanError is a network error as clean text (valid UTF-8, no NUL, bounded), unwrapping to
+// the original.
+type cleanError struct {
+	prefix string
+	err    error
+}
+
+func (e *cleanError) Error() string {
+	return headText([]byte(e.prefix+": "+e.err.Error()), httpBodyKept)
+}
+
+func (e *cleanError) Unwrap() error { return e.err }
 
 // redact drops credentials from a URL for logs and errors.
 func redact(u *url.URL) string {
