@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -33,6 +34,7 @@ type env struct {
 	DBMaxConns          int32         `env:"WORKER_DB_MAX_CONNS, default=10"`
 	HTTPAddr            string        `env:"WORKER_HTTP_ADDR"`
 	AdminToken          string        `env:"WORKER_ADMIN_TOKEN"`
+	AdminHosts          []string      `env:"WORKER_ADMIN_HOSTS"`
 	RetainCompleted     time.Duration `env:"WORKER_RETENTION_COMPLETED, default=24h"`
 	RetainFailed        time.Duration `env:"WORKER_RETENTION_FAILED, default=168h"`
 	LogLevel            string        `env:"LOG_LEVEL, default=info"`
@@ -40,6 +42,8 @@ type env struct {
 	ListenReconnectWait time.Duration `env:"WORKER_LISTEN_RECONNECT_DELAY, default=2s"`
 	ExecAllow           []string      `env:"WORKER_EXEC_ALLOW"`
 	ExecGrace           time.Duration `env:"WORKER_EXEC_GRACE, default=5s"`
+	WebhookAllow        []string      `env:"WORKER_WEBHOOK_ALLOW"`
+	WebhookBlockPrivate bool          `env:"WORKER_WEBHOOK_BLOCK_PRIVATE, default=false"`
 }
 
 // fieldEnv maps the env struct's field names (as go-envconfig and pool.ConfigError name them) to
@@ -95,6 +99,15 @@ func loadEnv(ctx context.Context, getenv func(string) string) (env, error) {
 	if e.ExecGrace <= 0 {
 		return e, fmt.Errorf("WORKER_EXEC_GRACE=%s: must be positive", e.ExecGrace)
 	}
+	for _, h := range e.AdminHosts {
+		if !validHostName(strings.TrimSpace(h)) {
+			return e, fmt.Errorf("WORKER_ADMIN_HOSTS: %q must be a host name without scheme or port, e.g. worker.internal "+
+				"or .example.com for its subdomains (IP addresses need no entry)", h)
+		}
+	}
+	if _, err := e.webhookAllow(); err != nil {
+		return e, err
+	}
 	if err := e.poolConfig().Validate(); err != nil {
 		var ce *pool.ConfigError
 		if errors.As(err, &ce) {
@@ -103,6 +116,41 @@ func loadEnv(ctx context.Context, getenv func(string) string) (env, error) {
 		return e, err
 	}
 	return e, nil
+}
+
+// validHostName accepts letters, digits, hyphens and dots, optionally starting with a dot.
+func validHostName(h string) bool {
+	h = strings.TrimPrefix(h, ".")
+	if h == "" || len(h) > 253 {
+		return false
+	}
+	for _, c := range []byte(h) {
+		if !(c == '.' || c == '-' || c == '_' || c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z') {
+			return false
+		}
+	}
+	return true
+}
+
+// webhookAllow parses WORKER_WEBHOOK_ALLOW: IP addresses and CIDR networks.
+func (e env) webhookAllow() ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, a := range e.WebhookAllow {
+		a = strings.TrimSpace(a)
+		if a == "" {
+			continue
+		}
+		if p, err := netip.ParsePrefix(a); err == nil {
+			out = append(out, p.Masked())
+			continue
+		}
+		ip, err := netip.ParseAddr(a)
+		if err != nil {
+			return nil, fmt.Errorf("WORKER_WEBHOOK_ALLOW: %q must be an IP address or a CIDR network, e.g. 10.1.0.0/16", a)
+		}
+		out = append(out, netip.PrefixFrom(ip.Unmap(), ip.Unmap().BitLen()))
+	}
+	return out, nil
 }
 
 func (e env) poolConfig() pool.Config {

@@ -5,6 +5,7 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"flag"
 	"fmt"
@@ -14,6 +15,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -155,20 +157,33 @@ func cmdRun(ctx context.Context, e env, log *slog.Logger) error {
 		}
 		cfg.ListenConfig = lc
 	}
-	reg := prometheus.NewRegistry()
+	// Listen first: the http handler must know the endpoints' address to keep jobs off it.
+	var ln net.Listener
 	if e.HTTPAddr != "" {
+		if ln, err = net.Listen("tcp", e.HTTPAddr); err != nil {
+			return fmt.Errorf("WORKER_HTTP_ADDR: %w", err)
+		}
+		defer ln.Close()
+	}
+	reg := prometheus.NewRegistry()
+	if ln != nil {
 		cfg.Observer = metrics.NewObserver(reg)
 	}
 	p, err := pool.New(db, cfg)
 	if err != nil {
 		return err
 	}
-	if err := handlers.Register(p, handlers.Options{ExecAllow: e.ExecAllow, ExecGrace: e.ExecGrace}); err != nil {
+	allow, _ := e.webhookAllow() // checked by loadEnv
+	policy := handlers.HTTPPolicy{BlockPrivate: e.WebhookBlockPrivate, Allow: allow}
+	if ln != nil {
+		policy.Self = ln.Addr().String()
+	}
+	if err := handlers.Register(p, handlers.Options{ExecAllow: e.ExecAllow, ExecGrace: e.ExecGrace, HTTPPolicy: policy}); err != nil {
 		return err
 	}
-	if e.HTTPAddr != "" {
+	if ln != nil {
 		metrics.RegisterPool(reg, p, db)
-		stop, err := serveHTTP(e, db, p, reg, log)
+		stop, err := serveHTTP(e, ln, db, p, reg, log)
 		if err != nil {
 			return err
 		}
@@ -201,17 +216,33 @@ func cmdRun(ctx context.Context, e env, log *slog.Logger) error {
 	return <-runErr
 }
 
-// serveHTTP starts the health, metrics and admin endpoints on WORKER_HTTP_ADDR; the returned
-// function stops them.
-func serveHTTP(e env, db *pgxpool.Pool, p *pool.Pool, reg *prometheus.Registry, log *slog.Logger) (func(), error) {
+// serveHTTP serves the health, metrics and admin endpoints on ln; the returned function stops
+// them.
+//
+// The admin page needs WORKER_ADMIN_TOKEN. Without one it is served openly only when ln is on
+// loopback; on any other address a random token is made for this run and logged once, so the
+// page is never open to the network by omission.
+func serveHTTP(e env, ln net.Listener, db *pgxpool.Pool, p *pool.Pool, reg *prometheus.Registry, log *slog.Logger) (func(), error) {
+	token, open := e.AdminToken, false
+	if token == "" {
+		if tcp, ok := ln.Addr().(*net.TCPAddr); ok && tcp.IP.IsLoopback() {
+			open = true
+			log.Info("admin page served without a token: WORKER_HTTP_ADDR is loopback only")
+		} else {
+			token = rand.Text()
+			log.Warn("admin page: WORKER_ADMIN_TOKEN is not set and WORKER_HTTP_ADDR is not loopback only; "+
+				"this run's admin token (basic-auth password with any user name, or Authorization: Bearer) is",
+				slog.String("admin_token", token))
+		}
+	}
+	hosts := slices.Clone(e.AdminHosts)
+	if host, _, err := net.SplitHostPort(e.HTTPAddr); err == nil && host != "" {
+		hosts = append(hosts, host) // the configured name; IP literals are accepted anyway
+	}
 	h, err := web.New(web.Options{DB: db, ListenerConnected: p.ListenerConnected, Gatherer: reg,
-		AdminToken: e.AdminToken, Logger: log})
+		AdminToken: token, AdminOpen: open, AdminHosts: hosts, Logger: log})
 	if err != nil {
 		return nil, err
-	}
-	ln, err := net.Listen("tcp", e.HTTPAddr)
-	if err != nil {
-		return nil, fmt.Errorf("WORKER_HTTP_ADDR: %w", err)
 	}
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	go srv.Serve(ln)

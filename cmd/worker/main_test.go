@@ -44,16 +44,19 @@ func runCmd(t *testing.T, getenv func(string) string, args ...string) (string, e
 func TestBadConfigNamesTheVariable(t *testing.T) {
 	t.Parallel()
 	cases := map[string][]string{
-		"WORKER_CONCURRENCY":        {"WORKER_CONCURRENCY", "lots"},
-		"WORKER_LEASE_DURATION":     {"WORKER_LEASE_DURATION", "soon"},
-		"WORKER_HEARTBEAT_INTERVAL": {"WORKER_LEASE_DURATION", "10s", "WORKER_HEARTBEAT_INTERVAL", "6s"},
-		"WORKER_POLL_INTERVAL":      {"WORKER_POLL_INTERVAL", "1ns"},
-		"LOG_LEVEL":                 {"LOG_LEVEL", "loud"},
-		"LOG_FORMAT":                {"LOG_FORMAT", "xml"},
-		"WORKER_DB_MAX_CONNS":       {"WORKER_DB_MAX_CONNS", "2"},
-		"WORKER_REVOKE_REQUIRE_ROW": {"WORKER_REVOKE_REQUIRE_ROW", "maybe"},
-		"DATABASE_URL":              {},
-		"WORKER_CONCURRENCY=0":      {"DATABASE_URL", "postgres://x@127.0.0.1:1/x", "WORKER_CONCURRENCY", "-5"},
+		"WORKER_CONCURRENCY":           {"WORKER_CONCURRENCY", "lots"},
+		"WORKER_LEASE_DURATION":        {"WORKER_LEASE_DURATION", "soon"},
+		"WORKER_HEARTBEAT_INTERVAL":    {"WORKER_LEASE_DURATION", "10s", "WORKER_HEARTBEAT_INTERVAL", "6s"},
+		"WORKER_POLL_INTERVAL":         {"WORKER_POLL_INTERVAL", "1ns"},
+		"LOG_LEVEL":                    {"LOG_LEVEL", "loud"},
+		"LOG_FORMAT":                   {"LOG_FORMAT", "xml"},
+		"WORKER_DB_MAX_CONNS":          {"WORKER_DB_MAX_CONNS", "2"},
+		"WORKER_REVOKE_REQUIRE_ROW":    {"WORKER_REVOKE_REQUIRE_ROW", "maybe"},
+		"WORKER_ADMIN_HOSTS":           {"WORKER_ADMIN_HOSTS", "ok.example,http://worker:8080"},
+		"WORKER_WEBHOOK_ALLOW":         {"WORKER_WEBHOOK_ALLOW", "10.0.0.0/8,internal.example"},
+		"WORKER_WEBHOOK_BLOCK_PRIVATE": {"WORKER_WEBHOOK_BLOCK_PRIVATE", "maybe"},
+		"DATABASE_URL":                 {},
+		"WORKER_CONCURRENCY=0":         {"DATABASE_URL", "postgres://x@127.0.0.1:1/x", "WORKER_CONCURRENCY", "-5"},
 	}
 	for want, kv := range cases {
 		_, err := runCmd(t, envOf(kv...), "status")
