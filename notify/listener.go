@@ -1,6 +1,7 @@
 package notify
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -22,11 +23,21 @@ const (
 	ReconnectDelayDefault = 2 * time.Second
 	PingIntervalDefault   = 10 * time.Second
 	PingTimeoutDefault    = 5 * time.Second
+	// ConnectTimeoutDefault bounds each connection attempt (dial, TLS and startup) when the
+	// Config sets no connect_timeout of its own.
+	ConnectTimeoutDefault = 10 * time.Second
 )
+
+// terminateTimeout bounds the statement that terminates an abandoned backend.
+const terminateTimeout = 10 * time.Second
 
 // ApplicationName is the application_name of the LISTEN connection, so that operators can find
 // it in pg_stat_activity.
 const ApplicationName = "leash-listener"
+
+// keepAlive finds a dead peer within about eleven seconds of silence: 5s idle, then 3 probes 2s
+// apart.
+var keepAlive = net.KeepAliveConfig{Enable: true, Idle: 5 * time.Second, Interval: 2 * time.Second, Count: 3}
 
 // Metrics counts what a Listener saw. All fields are safe for concurrent use.
 type Metrics struct {
@@ -34,14 +45,18 @@ type Metrics struct {
 	Malformed  atomic.Int64 // job_revoked payloads that did not parse
 	Reconnects atomic.Int64 // connections made after the first
 	PingsLost  atomic.Int64 // liveness pings that did not come back in time
+	Terminated atomic.Int64 // server backends of abandoned connections that were terminated
 }
 
 // Listener holds one LISTEN connection for job_available and job_revoked, reconnecting after
 // ReconnectDelay when it breaks and forcing a reconnect when its own periodic ping does not come
 // back (a half-open connection). Callbacks run on the listener's goroutine and must not block.
 type Listener struct {
-	// Config is the connection configuration; its DialFunc is replaced by one with TCP
-	// keepalive tuned to find a dead peer in seconds. Required.
+	// Config is the connection configuration. Required. Its DialFunc (pgx's default or your own)
+	// is kept; when it returns a *net.TCPConn, TCP keepalive on that connection is tuned to find
+	// a dead peer in seconds (replacing whatever keepalive the DialFunc set), since the LISTEN
+	// connection sits idle for hours. A Config without connect_timeout gets
+	// ConnectTimeoutDefault. application_name is set to ApplicationName.
 	Config *pgx.ConnConfig
 	// ReconnectDelay is the wait between connection attempts. Default ReconnectDelayDefault.
 	ReconnectDelay time.Duration
@@ -54,6 +69,14 @@ type Listener struct {
 	// Notify sends a notification through another connection (the worker's pool); used for
 	// pings. Pinging is off when nil.
 	Notify func(ctx context.Context, channel, payload string) error
+	// QueryRow runs a query through another connection (the worker's pool, e.g. pgxpool.Pool's
+	// QueryRow). Before each reconnect it terminates the server backend of the connection given
+	// up, if that backend still exists: after a lost ping the client closes its side only, and
+	// the old backend would keep its LISTEN, pinning the server's notification queue until
+	// NOTIFY fails. Only a backend whose pid, backend_start and application_name all match the
+	// abandoned connection is terminated, so a reused pid is never hit. When nil, abandoned
+	// backends are left to the server's own TCP keepalive.
+	QueryRow func(ctx context.Context, sql string, args ...any) pgx.Row
 	// Logger receives connection errors and malformed payloads (rate-limited). Default: discard.
 	Logger *slog.Logger
 	// OnAvailable is called with the queue name of a job_available notification.
@@ -66,27 +89,56 @@ type Listener struct {
 	// Metrics, when set, is updated as notifications arrive.
 	Metrics *Metrics
 
+	log         *slog.Logger
 	connected   atomic.Bool
 	connections atomic.Int64
+	channels    int // channels LISTENed on each connection
 	pingChannel string
 	pong        chan string
 	lastMalLog  atomic.Int64
-	mu          sync.Mutex
-	reconnect   context.CancelFunc
+	bg          sync.WaitGroup // terminations of abandoned backends
+
+	mu        sync.Mutex
+	reconnect context.CancelFunc
+	gen       int64   // connections made so far
+	cur       backend // the connection made last
+}
+
+// backend identifies the server process behind one LISTEN connection.
+type backend struct {
+	conn     *pgx.Conn
+	gen      int64
+	pid      int32
+	start    time.Time // pg_stat_activity.backend_start; zero when QueryRow is nil
+	listened int       // channels whose LISTEN is in effect
 }
 
 // Connected reports whether the listener has a live LISTEN connection.
 func (l *Listener) Connected() bool { return l.connected.Load() }
 
 // Dialer returns a net.Dialer with TCP keepalive tuned to detect a dead peer within about ten
-// seconds.
+// seconds. The Listener applies the same keepalive to its own connections whatever their
+// DialFunc; Dialer is for the other connections of a worker (its pool).
 func Dialer() *net.Dialer {
-	return &net.Dialer{
-		Timeout: 10 * time.Second,
-		KeepAliveConfig: net.KeepAliveConfig{
-			Enable: true, Idle: 5 * time.Second, Interval: 2 * time.Second, Count: 3,
-		},
-	}
+	return &net.Dialer{Timeout: ConnectTimeoutDefault, KeepAliveConfig: keepAlive}
+}
+
+// handler dispatches one channel's notifications and, as a pgxlisten.BacklogHandler, learns when
+// pgxlisten's LISTEN on that channel is in effect.
+type handler struct {
+	l  *Listener
+	fn func(ctx context.Context, n *pgconn.Notification)
+}
+
+func (h handler) HandleNotification(ctx context.Context, n *pgconn.Notification, _ *pgx.Conn) error {
+	h.fn(ctx, n)
+	return nil
+}
+
+// HandleBacklog is called by pgxlisten right after its LISTEN on one channel succeeded.
+func (h handler) HandleBacklog(_ context.Context, _ string, conn *pgx.Conn) error {
+	h.l.listening(conn)
+	return nil
 }
 
 // Run listens until ctx is cancelled; it returns ctx's error.
@@ -97,33 +149,39 @@ func (l *Listener) Run(ctx context.Context) error {
 	if l.Metrics == nil {
 		l.Metrics = &Metrics{}
 	}
-	log := l.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
+	l.log = l.Logger
+	if l.log == nil {
+		l.log = slog.New(slog.DiscardHandler)
 	}
 	var nonce [8]byte
 	rand.Read(nonce[:])
 	l.pingChannel = "leash_ping_" + hex.EncodeToString(nonce[:])
 	l.pong = make(chan string, 1)
+	l.channels = 0
+	defer l.bg.Wait()
 
 	pl := &pgxlisten.Listener{
-		Connect: func(ctx context.Context) (*pgx.Conn, error) { return l.connect(ctx) },
+		Connect: func(sess context.Context) (*pgx.Conn, error) { return l.connect(ctx, sess) },
 		LogError: func(ctx context.Context, err error) {
 			l.connected.Store(false)
 			if ctx.Err() == nil {
-				log.WarnContext(ctx, "listener error", slog.Any("err", err))
+				l.log.WarnContext(ctx, "listener error", slog.Any("err", err))
 			}
 		},
-		ReconnectDelay: cmpOr(l.ReconnectDelay, ReconnectDelayDefault),
+		ReconnectDelay: cmp.Or(l.ReconnectDelay, ReconnectDelayDefault),
 	}
-	pl.Handle(ChannelJobAvailable, pgxlisten.HandlerFunc(func(_ context.Context, n *pgconn.Notification, _ *pgx.Conn) error {
+	// pgxlisten issues one LISTEN per handler and calls HandleBacklog after each.
+	handle := func(channel string, fn func(context.Context, *pgconn.Notification)) {
+		pl.Handle(channel, handler{l: l, fn: fn})
+		l.channels++
+	}
+	handle(ChannelJobAvailable, func(_ context.Context, n *pgconn.Notification) {
 		l.Metrics.Received.Add(1)
 		if l.OnAvailable != nil {
 			l.OnAvailable(n.Payload)
 		}
-		return nil
-	}))
-	pl.Handle(ChannelJobRevoked, pgxlisten.HandlerFunc(func(ctx context.Context, n *pgconn.Notification, _ *pgx.Conn) error {
+	})
+	handle(ChannelJobRevoked, func(ctx context.Context, n *pgconn.Notification) {
 		l.Metrics.Received.Add(1)
 		r, err := ParseRevocation(n.Payload)
 		if err != nil {
@@ -131,26 +189,25 @@ func (l *Listener) Run(ctx context.Context) error {
 			// At most one log line per second; the counter keeps the total.
 			now := time.Now().UnixNano()
 			if last := l.lastMalLog.Load(); now-last > int64(time.Second) && l.lastMalLog.CompareAndSwap(last, now) {
-				log.WarnContext(ctx, "ignoring malformed job_revoked notification",
+				l.log.WarnContext(ctx, "ignoring malformed job_revoked notification",
 					slog.Any("err", err), slog.Int("bytes", len(n.Payload)), slog.Int64("malformed_total", l.Metrics.Malformed.Load()))
 			}
-			return nil
+			return
 		}
 		if l.OnRevoked != nil {
 			l.OnRevoked(r)
 		}
-		return nil
-	}))
-	pl.Handle(l.pingChannel, pgxlisten.HandlerFunc(func(_ context.Context, n *pgconn.Notification, _ *pgx.Conn) error {
+	})
+	handle(l.pingChannel, func(_ context.Context, n *pgconn.Notification) {
 		select {
 		case l.pong <- n.Payload:
 		default:
 		}
-		return nil
-	}))
+	})
 
 	if l.Notify != nil && l.PingInterval >= 0 {
-		go l.pingLoop(ctx, log)
+		l.bg.Add(1)
+		go func() { defer l.bg.Done(); l.pingLoop(ctx) }()
 	}
 	for {
 		sess, cancel := context.WithCancel(ctx)
@@ -175,25 +232,75 @@ func (l *Listener) Reconnect() {
 	}
 }
 
-func (l *Listener) connect(ctx context.Context) (*pgx.Conn, error) {
+// reconnectIf reconnects when the current connection is still connection gen.
+func (l *Listener) reconnectIf(gen int64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.cur.gen == gen && l.reconnect != nil {
+		l.reconnect()
+	}
+}
+
+// connect opens a connection for pgxlisten, which then LISTENs on every channel. The server
+// backend of the previous connection, if any, is terminated in the background first. runCtx is
+// Run's context, sess the current session's.
+func (l *Listener) connect(runCtx, sess context.Context) (*pgx.Conn, error) {
+	l.connected.Store(false)
+	l.mu.Lock()
+	prev := l.cur
+	l.cur = backend{}
+	l.mu.Unlock()
+	if prev.pid != 0 && l.QueryRow != nil {
+		l.bg.Add(1)
+		go func() {
+			defer l.bg.Done()
+			l.terminateAbandoned(runCtx, prev.pid, prev.start)
+		}()
+	}
+
 	cfg := l.Config.Copy()
 	if cfg.RuntimeParams == nil {
 		cfg.RuntimeParams = map[string]string{}
 	}
 	cfg.RuntimeParams["application_name"] = ApplicationName
-	d := Dialer()
-	cfg.DialFunc = d.DialContext
-	conn, err := pgx.ConnectConfig(ctx, cfg)
+	cfg.DialFunc = keepAliveDial(cfg.DialFunc)
+	if cfg.ConnectTimeout == 0 {
+		cfg.ConnectTimeout = ConnectTimeoutDefault
+	}
+	conn, err := pgx.ConnectConfig(sess, cfg)
 	if err != nil {
 		return nil, err
 	}
-	// LISTEN on everything before telling anyone we are connected, so that a re-check done in
-	// OnConnect cannot miss a notification sent in between.
-	for _, ch := range []string{ChannelJobAvailable, ChannelJobRevoked, l.pingChannel} {
-		if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{ch}.Sanitize()); err != nil {
-			conn.Close(ctx)
-			return nil, fmt.Errorf("listen %s: %w", ch, err)
+	b := backend{conn: conn, pid: int32(conn.PgConn().PID())}
+	if l.QueryRow != nil {
+		err := conn.QueryRow(sess, `SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()`).Scan(&b.start)
+		if err != nil {
+			conn.Close(sess)
+			return nil, fmt.Errorf("read backend_start: %w", err)
 		}
+	}
+	l.mu.Lock()
+	l.gen++
+	b.gen = l.gen
+	l.cur = b
+	l.mu.Unlock()
+	return conn, nil
+}
+
+// listening records that LISTEN on one more channel is in effect on conn. After the last one the
+// listener is connected and OnConnect runs: a notification sent from then on is delivered, so a
+// re-check made in OnConnect cannot miss one sent while disconnected.
+func (l *Listener) listening(conn *pgx.Conn) {
+	l.mu.Lock()
+	if l.cur.conn != conn {
+		l.mu.Unlock()
+		return
+	}
+	l.cur.listened++
+	all := l.cur.listened == l.channels
+	l.mu.Unlock()
+	if !all {
+		return
 	}
 	if l.connections.Add(1) > 1 {
 		l.Metrics.Reconnects.Add(1)
@@ -202,12 +309,67 @@ func (l *Listener) connect(ctx context.Context) (*pgx.Conn, error) {
 	if l.OnConnect != nil {
 		l.OnConnect()
 	}
-	return conn, nil
 }
 
-func (l *Listener) pingLoop(ctx context.Context, log *slog.Logger) {
-	interval := cmpOr(l.PingInterval, PingIntervalDefault)
-	timeout := cmpOr(l.PingTimeout, PingTimeoutDefault)
+// live returns the current connection's generation when LISTEN is in effect on all channels.
+func (l *Listener) live() (int64, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.cur.gen, l.cur.conn != nil && l.cur.listened == l.channels
+}
+
+// terminateAbandoned terminates the listener backend pid started at start, unless it is gone
+// (or its pid now belongs to another process). It reports whether a backend was terminated.
+func (l *Listener) terminateAbandoned(ctx context.Context, pid int32, start time.Time) bool {
+	ctx, cancel := context.WithTimeout(ctx, terminateTimeout)
+	defer cancel()
+	var ok bool
+	err := l.QueryRow(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+		WHERE pid = $1::int4 AND backend_start = $2::timestamptz AND application_name = $3::text`,
+		pid, start, ApplicationName).Scan(&ok)
+	attrs := []any{slog.Int("pid", int(pid)), slog.Time("backend_start", start)}
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		l.log.DebugContext(ctx, "previous listener backend already gone", attrs...)
+	case err != nil:
+		l.log.WarnContext(ctx, "could not terminate the previous listener backend; it keeps its LISTEN until the server drops it",
+			append(attrs, slog.Any("err", err))...)
+	case !ok:
+		l.log.WarnContext(ctx, "pg_terminate_backend failed for the previous listener backend", attrs...)
+	default:
+		l.Metrics.Terminated.Add(1)
+		l.log.InfoContext(ctx, "terminated the previous listener backend so that it does not pin the notification queue", attrs...)
+		return true
+	}
+	return false
+}
+
+// keepAliveDial wraps dial (nil: a plain net.Dialer) so that a TCP connection it returns gets
+// keepalive tuned to find a dead peer within seconds. The DialFunc itself is kept, not replaced,
+// because it may do what a stock dialer cannot (a tunnel, a custom resolver, a test proxy), and
+// pgx's default one (which also carries connect_timeout) cannot be told apart from a user's.
+// Only its result is tuned: pgx's default leaves Go's keepalive (about 2.5 minutes to notice),
+// too slow for a connection that sits idle waiting for notifications. A connection that is not
+// a *net.TCPConn (a Unix socket, a wrapped conn) is used as it is.
+func keepAliveDial(dial pgconn.DialFunc) pgconn.DialFunc {
+	if dial == nil {
+		dial = (&net.Dialer{}).DialContext
+	}
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		if tc, ok := c.(*net.TCPConn); ok {
+			_ = tc.SetKeepAliveConfig(keepAlive) // best effort: pings still find a dead peer
+		}
+		return c, nil
+	}
+}
+
+func (l *Listener) pingLoop(ctx context.Context) {
+	interval := cmp.Or(l.PingInterval, PingIntervalDefault)
+	timeout := cmp.Or(l.PingTimeout, PingTimeoutDefault)
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	seq := 0
@@ -217,7 +379,8 @@ func (l *Listener) pingLoop(ctx context.Context, log *slog.Logger) {
 			return
 		case <-t.C:
 		}
-		if !l.connected.Load() {
+		gen, ok := l.live()
+		if !ok {
 			continue
 		}
 		seq++
@@ -232,8 +395,10 @@ func (l *Listener) pingLoop(ctx context.Context, log *slog.Logger) {
 			continue
 		}
 		l.Metrics.PingsLost.Add(1)
-		log.WarnContext(ctx, "listener did not receive its own ping; reconnecting", slog.Duration("timeout", timeout))
-		l.Reconnect()
+		l.log.WarnContext(ctx, "listener did not receive its own ping; reconnecting", slog.Duration("timeout", timeout))
+		// The next connect terminates this connection's backend. If the listener has reconnected
+		// meanwhile, that already happened and the new connection is left alone.
+		l.reconnectIf(gen)
 	}
 }
 
@@ -252,11 +417,4 @@ func (l *Listener) awaitPong(ctx context.Context, want string, timeout time.Dura
 			return false
 		}
 	}
-}
-
-func cmpOr(d, def time.Duration) time.Duration {
-	if d == 0 {
-		return def
-	}
-	return d
 }

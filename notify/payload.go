@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // Channel names (contract).
@@ -22,13 +23,18 @@ const (
 // a revocation needs far less, so anything longer is junk.
 const MaxPayload = 1024
 
+// MaxReason is the longest Revocation.Reason returned, in bytes; a longer reason is cut on a
+// character boundary and ends with "…".
+const MaxReason = 256
+
 // Revocation is a parsed job_revoked payload.
 type Revocation struct {
 	// ID is the job.
 	ID int64
 	// Token, when not zero, limits the revocation to the claim holding that lease token.
 	Token int64
-	// Reason is free text for logs and the job's record.
+	// Reason is free text for logs and the job's record: valid UTF-8 without NUL bytes (which
+	// PostgreSQL text rejects), at most MaxReason bytes.
 	Reason string
 	// Takeover means a rescuer took the job back after its lease expired: the holder lost the
 	// lease rather than being revoked.
@@ -48,7 +54,9 @@ type wire struct {
 // ParseRevocation parses a job_revoked payload: a bare positive id ("42", as typed in psql), or
 // a JSON object {"id":42,"token":7,"reason":"...","takeover":false} where only id is required.
 // Anything else (unknown fields, non-integer or non-positive numbers, trailing data, more than
-// MaxPayload bytes) is an error wrapping ErrMalformed.
+// MaxPayload bytes) is an error wrapping ErrMalformed. The reason is sanitised, not rejected:
+// NUL bytes ("\u0000" in JSON) are dropped, invalid UTF-8 (raw bytes or a lone surrogate
+// escape) becomes U+FFFD, and it is cut to MaxReason bytes on a character boundary.
 func ParseRevocation(payload string) (Revocation, error) {
 	if len(payload) > MaxPayload {
 		return Revocation{}, fmt.Errorf("%w: %d bytes (max %d)", ErrMalformed, len(payload), MaxPayload)
@@ -87,7 +95,7 @@ func ParseRevocation(payload string) (Revocation, error) {
 		}
 	}
 	if w.Reason != nil {
-		r.Reason = *w.Reason
+		r.Reason = cleanReason(*w.Reason)
 	}
 	if w.Takeover != nil {
 		r.Takeover = *w.Takeover
@@ -96,6 +104,22 @@ func ParseRevocation(payload string) (Revocation, error) {
 		return Revocation{}, fmt.Errorf("%w: takeover without token", ErrMalformed)
 	}
 	return r, nil
+}
+
+// cleanReason drops NUL bytes from s, replaces invalid UTF-8 with U+FFFD (encoding/json has
+// done so already; this keeps the guarantee local) and cuts s to MaxReason bytes on a character
+// boundary.
+func cleanReason(s string) string {
+	s = strings.ToValidUTF8(strings.ReplaceAll(s, "\x00", ""), "\uFFFD")
+	if len(s) <= MaxReason {
+		return s
+	}
+	const more = "…"
+	cut := MaxReason - len(more)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + more
 }
 
 func trailingSpaceOnly(dec *json.Decoder) bool {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 func TestParseRevocation(t *testing.T) {
@@ -36,8 +37,38 @@ func TestParseRevocation(t *testing.T) {
 	}
 }
 
+// The reason comes back storable: without NUL, valid UTF-8, at most MaxReason bytes cut on a
+// character boundary.
+func TestParseRevocationCleansReason(t *testing.T) {
+	t.Parallel()
+	long := strings.Repeat("é", 400) // 800 bytes
+	for in, want := range map[string]string{
+		`{"id":1,"reason":"a\u0000b"}`:                               "ab",
+		"{\"id\":1,\"reason\":\"a\x00b\"}":                           "ab", // a raw NUL is not valid JSON either way
+		"{\"id\":1,\"reason\":\"a\xffb\"}":                           "a\uFFFDb",
+		`{"id":1,"reason":"a\ud800b"}`:                               "a\uFFFDb", // a lone surrogate
+		`{"id":1,"reason":"` + long + `"}`:                           strings.Repeat("é", (MaxReason-len("…"))/2) + "…",
+		`{"id":1,"reason":"` + strings.Repeat("x", MaxReason) + `"}`: strings.Repeat("x", MaxReason),
+	} {
+		r, err := ParseRevocation(in)
+		if strings.Contains(in, "\x00") {
+			if err == nil {
+				t.Errorf("ParseRevocation(%.40q) accepted a raw NUL in JSON", in)
+			}
+			continue
+		}
+		if err != nil || r.Reason != want {
+			t.Errorf("ParseRevocation(%.40q) reason %.40q, %v; want %.40q", in, r.Reason, err, want)
+		}
+		if len(r.Reason) > MaxReason {
+			t.Errorf("reason of %d bytes", len(r.Reason))
+		}
+	}
+}
+
 func FuzzParseRevocation(f *testing.F) {
-	for _, s := range []string{"42", `{"id":42,"token":7,"reason":"r"}`, `{"id":1,"token":2,"takeover":true}`, "", "{", "-1"} {
+	for _, s := range []string{"42", `{"id":42,"token":7,"reason":"r"}`, `{"id":1,"token":2,"takeover":true}`, "", "{", "-1",
+		`{"id":3,"reason":"a\u0000\ud800b"}`, "{\"id\":4,\"reason\":\"\xff\xfe\"}", `{"id":5,"reason":"` + strings.Repeat("é", 300) + `"}`} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
@@ -50,6 +81,9 @@ func FuzzParseRevocation(f *testing.F) {
 		}
 		if r.ID <= 0 || r.Token < 0 || (r.Takeover && r.Token == 0) || len(s) > MaxPayload {
 			t.Fatalf("accepted invalid payload %q as %+v", s, r)
+		}
+		if !utf8.ValidString(r.Reason) || strings.IndexByte(r.Reason, 0) >= 0 || len(r.Reason) > MaxReason {
+			t.Fatalf("payload %q gave a reason that cannot be stored: %q", s, r.Reason)
 		}
 	})
 }
