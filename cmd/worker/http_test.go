@@ -76,7 +76,8 @@ func TestAdminTokenByDefault(t *testing.T) {
 	t.Parallel()
 	url := pgtest.URL(t)
 
-	logs, port := inProcess(t, url, "WORKER_HTTP_ADDR", "0.0.0.0:0")
+	// ":port", as in the Dockerfile and docker-compose.yml: every interface.
+	logs, port := inProcess(t, url, "WORKER_HTTP_ADDR", ":0")
 	base := "http://127.0.0.1:" + port
 	var token string
 	n := 0
