@@ -1,7 +1,9 @@
 # leash worker: a static binary on a distroless base.
 #   docker build -t leash-worker .
 #   docker run --rm -e DATABASE_URL=postgres://... leash-worker migrate
-#   docker run --rm -e DATABASE_URL=postgres://... -p 127.0.0.1:8080:8080 leash-worker
+#   docker run --rm -e DATABASE_URL=postgres://... -e WORKER_ADMIN_TOKEN=... -p 127.0.0.1:8080:8080 leash-worker
+# Without WORKER_ADMIN_TOKEN the worker makes a random admin token at start and logs it once
+# (WORKER_HTTP_ADDR=:8080 is not loopback only).
 FROM golang:1.26-bookworm AS build
 WORKDIR /src
 COPY go.mod go.sum ./
