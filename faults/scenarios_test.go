@@ -286,12 +286,14 @@ func TestRescuerCompleteHeartbeatRace(t *testing.T) {
 			for k, j := range batch {
 				outs[k] = store.Outcome{ID: j.ID, Token: j.Token, State: store.StateCompleted}
 			}
-			ids, err := store.Finish(ctx, h.db, outs)
+			ws, err := store.Finish(ctx, h.db, outs)
 			if err != nil {
 				t.Error(err)
 			}
 			mu.Lock()
-			completed = append(completed, ids...)
+			for _, w := range ws {
+				completed = append(completed, w.ID)
+			}
 			mu.Unlock()
 		}()
 		go func() {

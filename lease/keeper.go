@@ -73,6 +73,7 @@ type Metrics struct {
 	RenewalsSucceeded atomic.Int64 // leases renewed
 	RenewalsFailed    atomic.Int64 // leases whose renewal statement failed
 	RenewalsLost      atomic.Int64 // leases a renewal found gone (revoked or taken over)
+	RenewalsSkipped   atomic.Int64 // leases not renewed because another transaction held the row
 	EndedRevoked      atomic.Int64 // leases ended by ErrRevoked
 	EndedLost         atomic.Int64 // leases ended by ErrLost
 	EndedTimeout      atomic.Int64 // leases ended by ErrRenewalTimeout
@@ -104,9 +105,10 @@ type Keeper struct {
 	kick    chan struct{}
 	recheck atomic.Bool // the pending kick is a re-check after a reconnect
 	healthy atomic.Bool
+	skipped atomic.Bool // the last renewal skipped rows locked by other transactions
 
 	mu   sync.Mutex
-	held map[int64]*Lease
+	held map[int64]*Lease // by token
 }
 
 // NewKeeper returns a Keeper renewing through db. cfg is filled with defaults and must be valid.
@@ -135,7 +137,7 @@ func (k *Keeper) Hold(parent context.Context, jobID, token int64, sentAt time.Ti
 	l.timer = time.AfterFunc(time.Duration(math.MaxInt64), l.expire)
 	l.timer.Reset(time.Until(l.trustedUntil))
 	k.mu.Lock()
-	k.held[jobID] = l
+	k.held[token] = l
 	k.mu.Unlock()
 	return ctx, l
 }
@@ -154,19 +156,34 @@ func (k *Keeper) ended(l *Lease, cause error) {
 // is cancelled, without a cause of its own if the lease had none.
 func (k *Keeper) Release(l *Lease) {
 	k.mu.Lock()
-	if k.held[l.JobID] == l {
-		delete(k.held, l.JobID)
+	if k.held[l.Token] == l {
+		delete(k.held, l.Token)
 	}
 	k.mu.Unlock()
 	l.timer.Stop()
 	l.cancel(context.Canceled)
 }
 
-// Get returns the lease held on job id, or nil.
-func (k *Keeper) Get(id int64) *Lease {
+// Get returns the lease held on job id, or nil. With token not zero, only the lease of that
+// claim. Leases are kept by token: this worker may have claimed a job again while an earlier
+// attempt of it (taken over) is still stopping; without a token the lease that has not ended is
+// returned.
+func (k *Keeper) Get(id, token int64) *Lease {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	return k.held[id]
+	if token != 0 {
+		if l := k.held[token]; l != nil && l.JobID == id {
+			return l
+		}
+		return nil
+	}
+	var found *Lease
+	for _, l := range k.held {
+		if l.JobID == id && (found == nil || l.Cause() == nil) {
+			found = l
+		}
+	}
+	return found
 }
 
 // Held returns the leases currently held.
@@ -212,31 +229,55 @@ func (k *Keeper) Run(ctx context.Context) {
 		if err := k.RenewOnce(ctx); err != nil && ctx.Err() == nil {
 			k.log.WarnContext(ctx, "lease renewal failed", slog.Any("err", err), slog.Duration("retry_in", k.cfg.RetryInterval))
 			next = k.cfg.RetryInterval
+		} else if k.skipped.Load() {
+			// Some rows were locked by other transactions: try those again soon, before their
+			// trust runs out.
+			next = k.cfg.RetryInterval
 		}
 		t.Reset(next)
 	}
 }
 
-// RenewOnce renews every held lease in one statement and ends those the database no longer
-// holds for this worker: ErrRevoked when the row was revoked under this lease's token, ErrLost
-// otherwise.
+// RenewOnce renews every held lease that has not ended in one statement and ends those the
+// database no longer holds for this worker: ErrRevoked when the row was revoked under this
+// lease's token, ErrLost otherwise. A lease that has ended (revoked, timed out, shut down) is
+// never renewed again: its handler is stopping, and if it does not stop the lease expires and a
+// rescuer settles the job. The statement never waits on a row lock and is cut off when no lease
+// it carries can be trusted any longer, so a hanging renewal cannot outlive the trust windows.
 func (k *Keeper) RenewOnce(ctx context.Context) error {
 	leases := k.Held()
+	ids, tokens := make([]int64, 0, len(leases)), make([]int64, 0, len(leases))
+	live := leases[:0]
+	var latest time.Time
+	for _, l := range leases {
+		if l.Cause() != nil {
+			continue
+		}
+		live = append(live, l)
+		ids, tokens = append(ids, l.JobID), append(tokens, l.Token)
+		if u := l.trustDeadline(); u.After(latest) {
+			latest = u
+		}
+	}
+	k.skipped.Store(false)
 	if len(leases) == 0 {
 		k.healthy.Store(true)
 		return nil
 	}
-	ids, tokens := make([]int64, len(leases)), make([]int64, len(leases))
-	for i, l := range leases {
-		ids[i], tokens[i] = l.JobID, l.Token
+	if len(live) == 0 {
+		return nil // nothing to renew; health unknown until a statement runs
 	}
-	sctx, cancel := context.WithTimeout(ctx, k.cfg.HeartbeatInterval)
+	bound := min(k.cfg.HeartbeatInterval, time.Until(latest))
+	if bound <= 0 {
+		return errors.New("renew leases: every lease's trust window has passed")
+	}
+	sctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
 	sentAt := time.Now()
 	renewed, err := store.Renew(sctx, k.db, store.RenewParams{IDs: ids, Tokens: tokens, Lease: k.cfg.Duration})
 	if err != nil {
 		k.healthy.Store(false)
-		k.metrics.RenewalsFailed.Add(int64(len(leases)))
+		k.metrics.RenewalsFailed.Add(int64(len(live)))
 		return err
 	}
 	k.healthy.Store(true)
@@ -247,7 +288,7 @@ func (k *Keeper) RenewOnce(ctx context.Context) error {
 		ok[id] = true
 	}
 	var missing []*Lease
-	for _, l := range leases {
+	for _, l := range live {
 		if ok[l.JobID] {
 			l.confirm(sentAt)
 		} else if !l.finishing.Load() && l.Cause() == nil {
@@ -285,7 +326,11 @@ func (k *Keeper) settleMissing(ctx context.Context, missing []*Lease, recheck bo
 		case ours && row.Revoked:
 			cause = ErrRevoked
 		case ours:
-			continue // still ours and not revoked: a race with this statement; next tick decides
+			// Still ours and not revoked: the row was locked by another transaction (or changed
+			// under this statement). Not renewed, not lost: try again soon.
+			k.skipped.Store(true)
+			k.metrics.RenewalsSkipped.Add(1)
+			continue
 		}
 		k.metrics.RenewalsLost.Add(1)
 		if l.End(cause) {

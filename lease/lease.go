@@ -68,8 +68,8 @@ func (l *Lease) Cause() error {
 	return l.cause
 }
 
-// TrustedUntil is the monotonic deadline until which the lease is trusted.
-func (l *Lease) TrustedUntil() time.Time {
+// trustDeadline is the monotonic deadline until which the lease is trusted.
+func (l *Lease) trustDeadline() time.Time {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.trustedUntil

@@ -62,7 +62,7 @@ func TestFirstCauseWins(t *testing.T) {
 		t.Fatalf("cause %v", context.Cause(ctx))
 	}
 	k.Release(l)
-	if k.Get(1) != nil {
+	if k.Get(1, 0) != nil {
 		t.Fatal("released lease still held")
 	}
 }

@@ -22,6 +22,7 @@ const (
 	ShutdownTimeoutDefault   = 30 * time.Second
 	FinishFlushDefault       = 2 * time.Millisecond
 	FinishBatchDefault       = 1000
+	ControlConnsDefault      = 4
 	MaxAttemptsDefault       = 20
 	LeaseDurationDefault     = lease.DurationDefault
 	HeartbeatIntervalDefault = lease.HeartbeatIntervalDefault
@@ -58,6 +59,18 @@ type Config struct {
 	// StallInterval is how often handlers that ignore their cancelled context are logged.
 	// Default LeaseDuration.
 	StallInterval time.Duration
+	// ShutdownStallWait is how long, after the grace period, handlers cancelled with
+	// lease.ErrShutdown get to return before the pool stops without them (their jobs are left
+	// to their leases). Default 1s.
+	ShutdownStallWait time.Duration
+	// Timeouts gives kinds a default time limit for one attempt, for jobs whose timeout column is
+	// NULL. Past it the handler's context is cancelled with ErrTimeout and the attempt fails like
+	// an error. Kinds not listed have no limit.
+	Timeouts map[string]time.Duration
+	// ControlConns is the number of connections the pool opens for itself (claims, renewals,
+	// outcomes, rescue, retention), from db's configuration, so that handlers using db can never
+	// starve the lease protocol. Default ControlConnsDefault (4); negative shares db instead.
+	ControlConns int
 	// RetryBackoff gives the delay before attempt+1 after attempt failed. Default
 	// DefaultRetryBackoff.
 	RetryBackoff func(attempt int) time.Duration
@@ -124,6 +137,8 @@ func (c Config) withDefaults() Config {
 	c.ShutdownTimeout = cmpOr(c.ShutdownTimeout, ShutdownTimeoutDefault)
 	c.FinishFlushInterval = cmpOr(c.FinishFlushInterval, FinishFlushDefault)
 	c.StallInterval = cmpOr(c.StallInterval, c.LeaseDuration)
+	c.ShutdownStallWait = cmpOr(c.ShutdownStallWait, time.Second)
+	c.ControlConns = cmpOr(c.ControlConns, ControlConnsDefault)
 	c.RetainCompleted = cmpOr(c.RetainCompleted, RetainCompletedDefault)
 	c.RetainFailed = cmpOr(c.RetainFailed, RetainFailedDefault)
 	c.RetentionInterval = cmpOr(c.RetentionInterval, RetentionIntervalDefault)
@@ -162,9 +177,20 @@ func (c Config) Validate() error {
 		return bad("RetentionInterval", "must be at least 10ms, got %s", c.RetentionInterval)
 	case c.RescueInterval < 10*time.Millisecond:
 		return bad("RescueInterval", "must be at least 10ms, got %s", c.RescueInterval)
+	case c.ShutdownStallWait < 0:
+		return bad("ShutdownStallWait", "must not be negative, got %s", c.ShutdownStallWait)
+	case c.ControlConns > 100:
+		return bad("ControlConns", "must be at most 100, got %d", c.ControlConns)
+	case !validName(c.ID):
+		return bad("ID", "must be valid UTF-8 without NUL bytes")
+	}
+	for kind, d := range c.Timeouts {
+		if d <= 0 {
+			return bad("Timeouts", "must hold positive durations, got %s for kind %q", d, kind)
+		}
 	}
 	for _, q := range c.Queues {
-		if q == "" || len(q) > 128 {
+		if q == "" || len(q) > 128 || !validName(q) {
 			return bad("Queues", "must hold names of 1 to 128 characters, got %q", q)
 		}
 	}

@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
@@ -27,6 +29,9 @@ type InsertOpts struct {
 	Delay time.Duration
 	// MaxAttempts before the job fails for good. Default 20.
 	MaxAttempts int
+	// Timeout limits one attempt: past it the handler's context is cancelled with ErrTimeout
+	// and the attempt fails like an error. Zero: the kind's default (Config.Timeouts), if any.
+	Timeout time.Duration
 }
 
 // ErrInvalidJob wraps every rejection of a job before it reaches the database.
@@ -49,6 +54,12 @@ func params(kind string, payload any, opts *InsertOpts) (store.InsertParams, err
 	if o.Delay < 0 {
 		return store.InsertParams{}, fmt.Errorf("%w: delay %s is negative", ErrInvalidJob, o.Delay)
 	}
+	if o.Timeout < 0 || (o.Timeout > 0 && o.Timeout < time.Millisecond) {
+		return store.InsertParams{}, fmt.Errorf("%w: timeout %s must be at least 1ms", ErrInvalidJob, o.Timeout)
+	}
+	if !validName(kind) || !validName(o.Queue) {
+		return store.InsertParams{}, fmt.Errorf("%w: kind and queue must be valid UTF-8 without NUL bytes", ErrInvalidJob)
+	}
 	if o.MaxAttempts < 0 || o.MaxAttempts > 1000 {
 		return store.InsertParams{}, fmt.Errorf("%w: max attempts %d is not between 1 and 1000", ErrInvalidJob, o.MaxAttempts)
 	}
@@ -57,8 +68,11 @@ func params(kind string, payload any, opts *InsertOpts) (store.InsertParams, err
 		return store.InsertParams{}, fmt.Errorf("%w: kind %s: %v", ErrInvalidJob, kind, err)
 	}
 	return store.InsertParams{Queue: o.Queue, Kind: kind, Payload: body, Priority: o.Priority,
-		MaxAttempts: int32(o.MaxAttempts), RunAt: o.RunAt, Delay: o.Delay}, nil
+		MaxAttempts: int32(o.MaxAttempts), RunAt: o.RunAt, Delay: o.Delay, Timeout: o.Timeout}, nil
 }
+
+// validName reports whether s can be stored as PostgreSQL text.
+func validName(s string) bool { return utf8.ValidString(s) && !strings.ContainsRune(s, 0) }
 
 func encodePayload(payload any) ([]byte, error) {
 	switch p := payload.(type) {

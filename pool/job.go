@@ -3,6 +3,7 @@ package pool
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"time"
@@ -16,6 +17,10 @@ import (
 // ErrFenced means a fenced write found that this claim no longer holds the job: it was taken
 // over, revoked and finished, or its lease stopped being trusted. Nothing was written.
 var ErrFenced = store.ErrFenced
+
+// ErrRowBusy means SetProgress could not lock the job's row in time because another transaction
+// held it, typically the job's own fenced transaction (use SetProgressTx inside it).
+var ErrRowBusy = store.ErrRowBusy
 
 // Job is one claimed attempt of a job, handed to its Handler.
 type Job struct {
@@ -38,8 +43,9 @@ type Job struct {
 	doneInTx  atomic.Bool
 	started   time.Time
 	stallSeen time.Time
-	// settled is taken by whoever writes the attempt's outcome: the handler's own return, or
-	// the shutdown hand-back of a handler that ignores cancellation.
+	timer     *time.Timer // the attempt's timeout, if any
+	// settled is taken by whoever settles the attempt: the handler's own return, or the
+	// shutdown that abandons a handler ignoring cancellation.
 	settled atomic.Bool
 }
 
@@ -49,35 +55,51 @@ func (j *Job) Lease() *lease.Lease { return j.lease }
 // EnsureActive returns nil while the lease is safe for writes, and the lease's cause once not.
 func (j *Job) EnsureActive() error { return j.lease.EnsureActive() }
 
-// Fence locks the job's row in tx and fails (wrapping ErrFenced or the lease's cause) unless
-// this claim still holds it, so the handler's own writes in tx commit only under a live lease:
-// a worker that lost the job can no longer commit in its name.
+// Fence locks the job's row in tx and fails (wrapping ErrFenced and the lease's cause) unless
+// this claim still holds it unrevoked, so the handler's own writes in tx commit only under a
+// live lease: a worker that lost the job can no longer commit in its name, and a revocation
+// committed before the fence wins (it also cancels the handler's context). A revocation that
+// comes later waits for tx.
 func (j *Job) Fence(ctx context.Context, tx pgx.Tx) error {
 	if err := j.lease.EnsureActive(); err != nil {
 		return fmt.Errorf("fence job %d: %w: %w", j.ID, ErrFenced, err)
 	}
-	if err := store.Fence(ctx, tx, j.ID, j.Token); err != nil {
+	if err := j.rowError(store.Fence(ctx, tx, j.ID, j.Token)); err != nil {
 		return fmt.Errorf("fence job %d token %d: %w", j.ID, j.Token, err)
 	}
 	return nil
 }
 
+// rowError maps what a fenced statement found in the row: a revocation ends the lease (and so
+// cancels the handler) and reads as ErrFenced wrapping lease.ErrRevoked.
+func (j *Job) rowError(err error) error {
+	if errors.Is(err, store.ErrRevokedRow) {
+		j.lease.End(lease.ErrRevoked)
+		return fmt.Errorf("%w: %w", ErrFenced, lease.ErrRevoked)
+	}
+	return err
+}
+
 // CompleteTx marks the job completed inside tx, fenced by its token, so the handler's effects
 // and the completion commit together or not at all (exactly once for work in the same
-// database). If tx rolls back, the job's outcome is whatever the handler returns.
+// database). A revocation committed before it wins: it fails wrapping ErrFenced and
+// lease.ErrRevoked, and tx should roll back. If tx rolls back, the job's outcome is whatever
+// the handler returns.
 func (j *Job) CompleteTx(ctx context.Context, tx pgx.Tx) error {
 	if err := j.lease.EnsureActive(); err != nil {
 		return fmt.Errorf("complete job %d: %w: %w", j.ID, ErrFenced, err)
 	}
-	if err := store.CompleteTx(ctx, tx, j.ID, j.Token); err != nil {
-		return err
+	if err := j.rowError(store.CompleteTx(ctx, tx, j.ID, j.Token)); err != nil {
+		return fmt.Errorf("complete job %d: %w", j.ID, err)
 	}
 	j.doneInTx.Store(true)
 	return nil
 }
 
 // SetProgress stores v (marshalled to JSON) as the job's checkpoint, fenced by its token; a
-// retry can read it back with Progress. `worker status` shows it.
+// retry can read it back with Progress. `worker status` shows it. Inside a fenced transaction
+// use SetProgressTx: SetProgress writes through its own connection and cannot wait for the lock
+// that transaction holds (it fails with an error instead, after a short wait).
 func (j *Job) SetProgress(ctx context.Context, v any) error {
 	b, err := json.Marshal(v)
 	if err != nil {
@@ -87,6 +109,19 @@ func (j *Job) SetProgress(ctx context.Context, v any) error {
 		return fmt.Errorf("set progress of job %d: %w: %w", j.ID, ErrFenced, err)
 	}
 	return store.SetProgress(ctx, j.db, j.ID, j.Token, b)
+}
+
+// SetProgressTx stores v as the job's checkpoint inside tx (for instance after Fence), fenced by
+// its token: it commits with tx or not at all.
+func (j *Job) SetProgressTx(ctx context.Context, tx pgx.Tx, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("set progress of job %d: %w", j.ID, err)
+	}
+	if err := j.lease.EnsureActive(); err != nil {
+		return fmt.Errorf("set progress of job %d: %w: %w", j.ID, ErrFenced, err)
+	}
+	return store.SetProgressTx(ctx, tx, j.ID, j.Token, b)
 }
 
 // Sleep waits for d, or returns early with context.Cause(ctx) when ctx ends.

@@ -5,6 +5,7 @@
 package pool
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -15,6 +16,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"golang.org/x/sync/errgroup"
 
@@ -37,6 +40,8 @@ type Metrics struct {
 	StaleWrites atomic.Int64 // outcomes and writes rejected by the lease fence
 	Panics      atomic.Int64
 	Stalled     atomic.Int64 // handlers running on after their lease ended, at the last check
+	Abandoned   atomic.Int64 // jobs left to their lease at shutdown because the handler did not stop
+	TimedOut    atomic.Int64 // attempts cancelled by their timeout
 	Pruned      atomic.Int64 // finished jobs deleted by retention
 	// Revocations by how they arrived.
 	RevokedByNotification atomic.Int64
@@ -60,7 +65,8 @@ func (m *Metrics) count(state string) {
 
 // Pool claims and runs jobs. Create it with New, register handlers, then Run.
 type Pool struct {
-	db      *pgxpool.Pool
+	db      *pgxpool.Pool // the application's pool: what handlers write through
+	ctl     atomic.Pointer[pgxpool.Pool]
 	cfg     Config
 	log     *slog.Logger
 	metrics *Metrics
@@ -73,15 +79,18 @@ type Pool struct {
 	startObs StartObserver // Config.Observer, when it also wants starts
 	wake     chan struct{} // a notification or a poll: there may be new jobs
 	slotWake chan struct{} // a handler returned: a slot is free
-	active   atomic.Int64
+	active   atomic.Int64  // handler goroutines not yet returned (each holds one errgroup slot)
 	group    errgroup.Group
 	jobsCtx  context.Context
+	marks    chan struct{} // bounds concurrent recordings of notified revocations
 
-	finishCh     chan finishItem
-	finisherDone chan struct{}
+	finishCh chan finishItem
+	// outcomes counts started attempts whose outcome is neither queued for the finisher nor
+	// abandoned; the finisher stops only once it is zero, so no outcome is ever left behind.
+	outcomes sync.WaitGroup
 
 	runningMu sync.Mutex
-	running   map[int64]*Job
+	running   map[int64]*Job // by lease token: a job may be claimed again while an old attempt stops
 
 	started      atomic.Bool
 	shutdownOnce sync.Once
@@ -103,14 +112,54 @@ func New(db *pgxpool.Pool, cfg Config) (*Pool, error) {
 	p := &Pool{
 		db: db, cfg: cfg, log: cfg.Logger.With(slog.String("worker", cfg.ID)), metrics: &Metrics{},
 		handlers: map[string]Handler{}, wake: make(chan struct{}, 1), slotWake: make(chan struct{}, 1),
-		finishCh: make(chan finishItem, 4*cfg.Concurrency+16), finisherDone: make(chan struct{}),
+		finishCh: make(chan finishItem, 4*cfg.Concurrency+16), marks: make(chan struct{}, 4),
 		running: map[int64]*Job{}, shutdownCh: make(chan struct{}), done: make(chan struct{}),
 	}
 	p.startObs, _ = cfg.Observer.(StartObserver)
-	p.keeper = lease.NewKeeper(db, cfg.leaseConfig(), p.log, &p.metrics.Lease)
+	p.keeper = lease.NewKeeper(controlDB{p}, cfg.leaseConfig(), p.log, &p.metrics.Lease)
 	p.group.SetLimit(cfg.Concurrency)
 	p.listener = p.newListener()
 	return p, nil
+}
+
+// control is the pool claims, renewals, outcomes, rescue and retention go through: connections
+// of their own while Run runs, so that handlers using the application's pool can never starve
+// them.
+func (p *Pool) control() *pgxpool.Pool {
+	if c := p.ctl.Load(); c != nil {
+		return c
+	}
+	return p.db
+}
+
+// controlDB runs statements on the control pool.
+type controlDB struct{ p *Pool }
+
+func (c controlDB) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	return c.p.control().Exec(ctx, sql, args...)
+}
+
+func (c controlDB) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	return c.p.control().Query(ctx, sql, args...)
+}
+
+func (c controlDB) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	return c.p.control().QueryRow(ctx, sql, args...)
+}
+
+// openControl opens the control pool: the application pool's configuration (hooks, tracer,
+// TLS) with Config.ControlConns connections.
+func (p *Pool) openControl(ctx context.Context) (*pgxpool.Pool, error) {
+	if p.cfg.ControlConns < 0 {
+		return nil, nil
+	}
+	cc := p.db.Config().Copy()
+	cc.MaxConns, cc.MinConns = int32(p.cfg.ControlConns), 0
+	ctl, err := pgxpool.NewWithConfig(ctx, cc)
+	if err != nil {
+		return nil, fmt.Errorf("pool: open control connections: %w", err)
+	}
+	return ctl, nil
 }
 
 // Register sets the handler for kind. Register before Run; registering a kind twice is an error.
@@ -145,25 +194,36 @@ func (p *Pool) Busy() int { return int(p.active.Load()) }
 // Run works jobs until ctx is cancelled or Shutdown is called. When ctx is cancelled, running
 // jobs get Config.ShutdownTimeout to finish before they are cancelled with lease.ErrShutdown and
 // handed back. Run returns nil after a clean stop.
+//
+// The pool's services (lease renewal, rescue, listener, stall watch, retention) run under one
+// errgroup from start to the very end; the claim loop stops first, then running handlers get
+// their grace period, then every outcome is written, and only then do the services stop, so
+// that leases are renewed until the last outcome is in.
 func (p *Pool) Run(ctx context.Context) error {
 	if !p.started.CompareAndSwap(false, true) {
 		return errors.New("pool: Run called twice")
 	}
 	defer close(p.done)
-	loops, stopLoops := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopLoops()
+	ctl, err := p.openControl(ctx)
+	if err != nil {
+		return err
+	}
+	if ctl != nil {
+		p.ctl.Store(ctl)
+		defer ctl.Close()
+	}
 	p.jobsCtx = context.WithoutCancel(ctx)
 
-	var wg sync.WaitGroup
-	goLoop := func(f func()) { wg.Add(1); go func() { defer wg.Done(); f() }() }
-	stopFinisher := make(chan struct{})
-	go p.runFinisher(stopFinisher)
-	goLoop(func() { p.keeper.Run(loops) })
-	rescuer := &lease.Rescuer{DB: p.db, Interval: p.cfg.RescueInterval, Logger: p.log, Metrics: &p.metrics.Lease}
-	goLoop(func() { rescuer.Run(loops) })
-	goLoop(func() { p.watchStalls(loops) })
-	goLoop(func() { p.runRetention(loops) })
-	goLoop(func() { p.listener.Run(loops) })
+	svcCtx, stopServices := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopServices()
+	services, svcCtx := errgroup.WithContext(svcCtx)
+	rescuer := &lease.Rescuer{DB: controlDB{p}, Interval: p.cfg.RescueInterval, Logger: p.log, Metrics: &p.metrics.Lease}
+	for _, svc := range []func(context.Context){p.keeper.Run, rescuer.Run, p.watchStalls, p.runRetention,
+		func(ctx context.Context) { p.listener.Run(ctx) }} {
+		services.Go(func() error { svc(svcCtx); return nil })
+	}
+	stopFinisher, finisherDone := make(chan struct{}), make(chan struct{})
+	go func() { defer close(finisherDone); p.runFinisher(stopFinisher) }()
 
 	claimCtx, stopClaiming := context.WithCancel(ctx)
 	go func() {
@@ -187,10 +247,11 @@ func (p *Pool) Run(ctx context.Context) error {
 		defer cancel()
 	}
 	p.drain(grace)
+	p.outcomes.Wait()
 	close(stopFinisher)
-	<-p.finisherDone
-	stopLoops()
-	wg.Wait()
+	<-finisherDone
+	stopServices()
+	services.Wait()
 	p.log.Info("worker stopped")
 	return nil
 }
@@ -223,8 +284,11 @@ func (p *Pool) newListener() *notify.Listener {
 		Logger:         p.log,
 		Metrics:        &p.metrics.Notify,
 		Notify: func(ctx context.Context, channel, payload string) error {
-			_, err := p.db.Exec(ctx, "SELECT pg_notify($1, $2)", channel, payload)
+			_, err := p.control().Exec(ctx, "SELECT pg_notify($1, $2)", channel, payload)
 			return err
+		},
+		QueryRow: func(ctx context.Context, sql string, args ...any) pgx.Row {
+			return p.control().QueryRow(ctx, sql, args...)
 		},
 		OnAvailable: func(queue string) {
 			for _, q := range p.cfg.Queues {
@@ -299,7 +363,7 @@ func (p *Pool) claim(ctx context.Context, limit int) (int, error) {
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
 	sentAt := time.Now()
-	jobs, err := store.Claim(sctx, p.db, store.ClaimParams{Queues: p.cfg.Queues, Limit: limit,
+	jobs, err := store.Claim(sctx, p.control(), store.ClaimParams{Queues: p.cfg.Queues, Limit: limit,
 		WorkerID: p.cfg.ID, Lease: p.cfg.LeaseDuration})
 	if err != nil {
 		return 0, err
@@ -316,23 +380,44 @@ func (p *Pool) start(cj *store.ClaimedJob, sentAt time.Time) {
 	j := &Job{ID: cj.ID, Queue: cj.Queue, Kind: cj.Kind, Payload: cj.Payload, Priority: cj.Priority,
 		Attempt: int(cj.Attempt), MaxAttempts: int(cj.MaxAttempts), Token: cj.Token, CreatedAt: cj.CreatedAt,
 		RunAt: cj.RunAt, AttemptedAt: cj.AttemptedAt, lease: l, db: p.db, started: time.Now()}
+	if d := cmp.Or(cj.Timeout, p.cfg.Timeouts[cj.Kind]); d > 0 {
+		// Ends the lease: the handler's context is cancelled with the timeout, and the lease is
+		// no longer renewed, so a handler that ignores it is settled by a rescuer.
+		j.timer = time.AfterFunc(d, func() {
+			if l.End(&timeoutError{d}) {
+				p.metrics.TimedOut.Add(1)
+				p.log.Warn("job timed out; cancelling", slog.Int64("job_id", j.ID), slog.String("kind", j.Kind),
+					slog.Duration("timeout", d))
+			}
+		})
+	}
 	p.runningMu.Lock()
-	p.running[j.ID] = j
+	p.running[j.Token] = j
 	p.runningMu.Unlock()
 	p.active.Add(1)
+	p.outcomes.Add(1)
 	if p.startObs != nil {
 		p.startObs.JobStarted(JobEvent{Queue: j.Queue, Kind: j.Kind, State: store.StateRunning, Pickup: j.pickup()})
 	}
 	p.group.Go(func() error {
+		defer func() {
+			p.active.Add(-1)
+			p.poke(p.slotWake)
+		}()
 		p.execute(ctx, j)
 		return nil
 	})
 }
 
+// forget ends the job's supervision: no more renewals, no timeout.
 func (p *Pool) forget(j *Job) {
+	if j.timer != nil {
+		j.timer.Stop()
+	}
+	p.keeper.Release(j.lease)
 	p.runningMu.Lock()
-	if p.running[j.ID] == j {
-		delete(p.running, j.ID)
+	if p.running[j.Token] == j {
+		delete(p.running, j.Token)
 	}
 	p.runningMu.Unlock()
 }
@@ -343,18 +428,19 @@ func (p *Pool) execute(ctx context.Context, j *Job) {
 	err := p.call(ctx, j)
 	j.lease.MarkFinishing()
 	dur := time.Since(j.started)
-	p.active.Add(-1)
-	p.poke(p.slotWake)
 	if !j.settled.CompareAndSwap(false, true) {
-		// Handed back during shutdown while this handler ignored its context.
-		p.log.Warn("stalled handler returned after its job was handed back; result dropped",
+		// Abandoned at shutdown while this handler ignored its context; a rescuer settles it.
+		p.log.Warn("handler returned after its job was abandoned at shutdown; result dropped",
 			slog.Int64("job_id", j.ID), slog.Any("err", err))
 		return
 	}
-	out, write := p.outcome(j, err)
+	defer p.outcomes.Done()
+	out, write := decide(j.ID, j.Token, p.cfg.ID, ending{err: err, cause: j.lease.Cause(), attempt: j.Attempt,
+		maxAttempts: j.MaxAttempts, backoff: p.cfg.RetryBackoff})
 	if !write {
+		p.log.Info("handler stopped after losing its lease", slog.Int64("job_id", j.ID),
+			slog.Int64("lease_token", j.Token), slog.Any("err", err))
 		p.observe(j, "", dur, false)
-		p.keeper.Release(j.lease)
 		p.forget(j)
 		return
 	}
@@ -366,7 +452,8 @@ func (p *Pool) call(ctx context.Context, j *Job) (err error) {
 		if r := recover(); r != nil {
 			p.metrics.Panics.Add(1)
 			err = &PanicError{Value: r, Stack: string(debug.Stack())}
-			p.log.Error("handler panicked", slog.Int64("job_id", j.ID), slog.String("kind", j.Kind), slog.Any("panic", r))
+			p.log.Error("handler panicked", slog.Int64("job_id", j.ID), slog.String("kind", j.Kind),
+				slog.String("panic", store.CleanText(fmt.Sprint(r), 1024)))
 		}
 	}()
 	p.handlersMu.RLock()
@@ -378,52 +465,6 @@ func (p *Pool) call(ctx context.Context, j *Job) (err error) {
 	return h.Handle(ctx, j)
 }
 
-// outcome decides what to write for a finished handler; write is false when nothing should be
-// (the lease was taken over: the fence would reject it anyway).
-func (p *Pool) outcome(j *Job, err error) (store.Outcome, bool) {
-	out := store.Outcome{ID: j.ID, Token: j.Token}
-	cause := j.lease.Cause()
-	if err == nil {
-		out.State = store.StateCompleted
-		return out, true
-	}
-	ae := &store.AttemptError{Attempt: int32(j.Attempt), Error: err.Error(), Worker: p.cfg.ID}
-	var pe *PanicError
-	if errors.As(err, &pe) {
-		ae.Stack = pe.Stack
-	}
-	out.Error = ae
-	var ra *retryAfterError
-	switch {
-	case errors.Is(cause, lease.ErrShutdown):
-		out.State, out.Error = store.StateAvailable, nil
-	case errors.Is(cause, lease.ErrRevoked):
-		out.State = store.StateCancelled
-		ae.Error = "revoked: " + err.Error()
-		if errors.Is(cause, errRevokedByNotification) {
-			out.RevokeReason = revokedByNotificationReason
-		}
-	case errors.Is(cause, lease.ErrLost):
-		p.log.Info("handler stopped after losing its lease", slog.Int64("job_id", j.ID),
-			slog.Int64("lease_token", j.Token), slog.Any("err", err))
-		return out, false
-	case errors.Is(cause, lease.ErrRenewalTimeout):
-		// Still fenced: written only if nobody took the job meanwhile.
-		out.State = store.StateRetryable
-		ae.Error = "lease renewal timed out: " + err.Error()
-	case IsPermanent(err) || j.Attempt >= j.MaxAttempts:
-		out.State = store.StateFailed
-	case errors.As(err, &ra):
-		out.State, out.Delay = store.StateRetryable, ra.d
-	default:
-		out.State, out.Delay = store.StateRetryable, p.cfg.RetryBackoff(j.Attempt)
-	}
-	if out.State == store.StateRetryable && j.Attempt >= j.MaxAttempts {
-		out.State = store.StateFailed
-	}
-	return out, true
-}
-
 func (p *Pool) observe(j *Job, state string, dur time.Duration, stale bool) {
 	if p.cfg.Observer == nil {
 		return
@@ -432,8 +473,11 @@ func (p *Pool) observe(j *Job, state string, dur time.Duration, stale bool) {
 		Pickup: j.pickup(), Stale: stale})
 }
 
-// drain waits for running handlers until grace is done, then cancels them with ErrShutdown and
-// hands back the jobs of handlers that still do not return.
+// drain waits for running handlers until grace is done, then cancels them with ErrShutdown;
+// their own outcomes hand the jobs back. A handler that still does not return is abandoned: its
+// lease is no longer renewed and a rescuer takes the job back once it expires (the attempt
+// counted, since it may still be doing the job's work). Handing it back at once would let
+// another worker run it beside the one that never stopped.
 func (p *Pool) drain(grace context.Context) {
 	all := make(chan struct{})
 	go func() { p.group.Wait(); close(all) }()
@@ -442,34 +486,34 @@ func (p *Pool) drain(grace context.Context) {
 		return
 	case <-grace.Done():
 	}
-	held := p.keeper.Held()
-	if len(held) > 0 {
-		p.log.Warn("shutdown grace period over; cancelling running jobs", slog.Int("jobs", len(held)))
+	p.runningMu.Lock()
+	jobs := make([]*Job, 0, len(p.running))
+	for _, j := range p.running {
+		jobs = append(jobs, j)
 	}
-	for _, l := range held {
-		l.End(lease.ErrShutdown)
+	p.runningMu.Unlock()
+	if len(jobs) > 0 {
+		p.log.Warn("shutdown grace period over; cancelling running jobs", slog.Int("jobs", len(jobs)))
+	}
+	for _, j := range jobs {
+		if !j.lease.Finishing() {
+			j.lease.End(lease.ErrShutdown)
+		}
 	}
 	select {
 	case <-all:
 		return
-	case <-time.After(time.Second):
+	case <-time.After(p.cfg.ShutdownStallWait):
 	}
-	// Handlers that ignore cancellation: hand their jobs back ourselves.
-	p.runningMu.Lock()
-	var stalled []*Job
-	for _, j := range p.running {
-		if !j.lease.Finishing() {
-			stalled = append(stalled, j)
-		}
-	}
-	p.runningMu.Unlock()
-	for _, j := range stalled {
+	for _, j := range jobs {
 		if !j.settled.CompareAndSwap(false, true) {
-			continue // it returned just now and writes its own outcome
+			continue // it returned and queues its own outcome
 		}
-		j.lease.MarkFinishing()
-		p.log.Warn("handler ignores cancellation; handing its job back", slog.Int64("job_id", j.ID), slog.String("kind", j.Kind))
-		p.finishCh <- finishItem{out: store.Outcome{ID: j.ID, Token: j.Token, State: store.StateAvailable}, job: j}
+		p.metrics.Abandoned.Add(1)
+		p.log.Warn("handler ignores cancellation; abandoning its job to its lease, which a rescuer takes back when it expires",
+			slog.Int64("job_id", j.ID), slog.String("kind", j.Kind), slog.Int64("lease_token", j.Token))
+		p.forget(j)
+		p.outcomes.Done()
 	}
 }
 

@@ -540,10 +540,15 @@ func TestRetention(t *testing.T) {
 
 // A handler that ignores cancellation cannot hold shutdown hostage: its job is handed back, and
 // what it returns later is dropped.
-func TestShutdownHandsBackStalledHandler(t *testing.T) {
+// A handler that ignores cancellation at shutdown is not handed back (another worker would run
+// the job beside it): its lease is left to expire, a rescuer takes the job back, and its late
+// result is dropped.
+func TestShutdownAbandonsStalledHandlerToItsLease(t *testing.T) {
 	t.Parallel()
 	started, release, returned := make(chan struct{}), make(chan struct{}), make(chan struct{})
-	p, b := setup(t, nil, fastConfig(), map[string]pool.Handler{"deaf": pool.HandlerFunc(func(ctx context.Context, j *pool.Job) error {
+	cfg := fastConfig()
+	cfg.ShutdownStallWait = 50 * time.Millisecond
+	p, b := setup(t, nil, cfg, map[string]pool.Handler{"deaf": pool.HandlerFunc(func(ctx context.Context, j *pool.Job) error {
 		close(started)
 		<-release
 		defer close(returned)
@@ -559,13 +564,21 @@ func TestShutdownHandsBackStalledHandler(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if r := getRow(t, b.db, id); r.State != "available" || r.Attempt != 0 || r.Token != nil {
-		t.Fatalf("row %+v", r)
+	r := getRow(t, b.db, id)
+	if r.State != "running" || r.Attempt != 1 || r.Token == nil {
+		t.Fatalf("abandoned job %+v, want still running under its lease", r)
 	}
+	if n := p.Metrics().Abandoned.Load(); n != 1 {
+		t.Fatalf("%d abandoned", n)
+	}
+	waitFor(t, 10*time.Second, func() bool {
+		got, err := (&lease.Rescuer{DB: b.db, Interval: time.Hour}).RunOnce(context.Background())
+		return err == nil && len(got) == 1
+	})
 	close(release)
 	<-returned
-	if r := getRow(t, b.db, id); r.State != "available" {
-		t.Fatalf("late result written: %+v", r)
+	if r := getRow(t, b.db, id); r.State != "retryable" || r.Attempt != 1 {
+		t.Fatalf("after rescue and the late return: %+v", r)
 	}
 	if n := p.Metrics().StaleWrites.Load(); n != 0 {
 		t.Fatalf("%d stale writes", n)

@@ -29,7 +29,7 @@ func (p *Pool) PruneOnce(ctx context.Context) (int64, error) {
 			continue // kept forever
 		}
 		for {
-			n, err := store.DeleteFinished(ctx, p.db, c.completed, c.keep, retentionBatch)
+			n, err := store.DeleteFinished(ctx, controlDB{p}, c.completed, c.keep, retentionBatch)
 			total += n
 			if err != nil {
 				return total, err

@@ -1,0 +1,153 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Status is a snapshot of the queue for operators.
+type Status struct {
+	Counts        []StateCount
+	OldestWaiting *Waiting
+	Running       []RunningJob
+}
+
+// StateCount is the number of jobs of one queue in one state.
+type StateCount struct {
+	Queue string
+	State string
+	Count int64
+}
+
+// Waiting is the job that has been runnable the longest.
+type Waiting struct {
+	ID    int64
+	Kind  string
+	Queue string
+	Age   time.Duration
+}
+
+// RunningJob is a job under lease.
+type RunningJob struct {
+	ID           int64
+	Kind         string
+	Queue        string
+	Holder       string
+	Attempt      int32
+	MaxAttempts  int32
+	Token        int64
+	HeartbeatAge time.Duration
+	LeaseLeft    time.Duration
+	Revoked      bool
+	Progress     string
+}
+
+// ReadStatus reads counts per queue and state, the oldest runnable job, and up to limit running
+// jobs (oldest heartbeat first). Ages come from the database clock.
+func ReadStatus(ctx context.Context, db DBTX, limit int) (Status, error) {
+	var st Status
+	rows, err := db.Query(ctx, `SELECT queue, state, count(*) FROM leash.jobs GROUP BY 1, 2 ORDER BY 1, 2`)
+	if err != nil {
+		return st, fmt.Errorf("read status: %w", err)
+	}
+	st.Counts, err = pgx.CollectRows(rows, pgx.RowToStructByPos[StateCount])
+	if err != nil {
+		return st, fmt.Errorf("read status: %w", err)
+	}
+	var w Waiting
+	err = db.QueryRow(ctx, `
+		SELECT id, kind, queue, now() - run_at FROM leash.jobs
+		WHERE state IN ('available', 'retryable') AND run_at <= now()
+		ORDER BY run_at, id LIMIT 1`).Scan(&w.ID, &w.Kind, &w.Queue, &w.Age)
+	switch {
+	case err == nil:
+		st.OldestWaiting = &w
+	case !errors.Is(err, pgx.ErrNoRows):
+		return st, fmt.Errorf("read status: %w", err)
+	}
+	rows, err = db.Query(ctx, `
+		SELECT id, kind, queue, coalesce(leased_by, ''), attempt, max_attempts, lease_token,
+		       now() - heartbeat_at, lease_expires_at - now(), revoked_at IS NOT NULL, coalesce(progress::text, '')
+		FROM leash.jobs WHERE state = 'running'
+		ORDER BY heartbeat_at LIMIT $1`, limit)
+	if err != nil {
+		return st, fmt.Errorf("read status: %w", err)
+	}
+	st.Running, err = pgx.CollectRows(rows, pgx.RowToStructByPos[RunningJob])
+	if err != nil {
+		return st, fmt.Errorf("read status: %w", err)
+	}
+	return st, nil
+}
+
+// JobRow is every column of one job, for operators.
+type JobRow struct {
+	ID             int64
+	Queue          string
+	Kind           string
+	Payload        string
+	State          string
+	Priority       int16
+	Attempt        int32
+	MaxAttempts    int32
+	RunAt          time.Time
+	LeaseToken     *int64
+	LeasedBy       *string
+	LeaseExpiresIn *time.Duration
+	HeartbeatAge   *time.Duration
+	RevokedAt      *time.Time
+	RevokeReason   *string
+	Progress       *string
+	LastError      *string
+	Errors         string
+	CreatedAt      time.Time
+	AttemptedAt    *time.Time
+	FinishedAt     *time.Time
+}
+
+const jobColumns = `id, queue, kind, jsonb_pretty(payload), state, priority, attempt, max_attempts, run_at,
+	lease_token, leased_by, lease_expires_at - now(), now() - heartbeat_at, revoked_at, revoke_reason,
+	progress::text, last_error, jsonb_pretty(errors), created_at, attempted_at, finished_at`
+
+// GetJob reads one job; pgx.ErrNoRows when there is none.
+func GetJob(ctx context.Context, db DBTX, id int64) (JobRow, error) {
+	rows, err := db.Query(ctx, `SELECT `+jobColumns+` FROM leash.jobs WHERE id = $1`, id)
+	if err != nil {
+		return JobRow{}, fmt.Errorf("read job %d: %w", id, err)
+	}
+	j, err := pgx.CollectExactlyOneRow(rows, pgx.RowToStructByPos[JobRow])
+	if err != nil {
+		return JobRow{}, fmt.Errorf("read job %d: %w", id, err)
+	}
+	return j, nil
+}
+
+// RecentFailures reads the last limit jobs that failed or are waiting to retry, newest first.
+func RecentFailures(ctx context.Context, db DBTX, limit int) ([]JobRow, error) {
+	rows, err := db.Query(ctx, `
+		SELECT `+jobColumns+` FROM leash.jobs
+		WHERE state IN ('failed', 'retryable')
+		ORDER BY coalesce(finished_at, attempted_at) DESC NULLS LAST LIMIT $1`, limit)
+	if err != nil {
+		return nil, fmt.Errorf("read failures: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[JobRow])
+	if err != nil {
+		return nil, fmt.Errorf("read failures: %w", err)
+	}
+	return out, nil
+}
+
+// NotificationQueueUsage reads pg_notification_queue_usage(), the fraction of the server's
+// notification queue in use.
+func NotificationQueueUsage(ctx context.Context, db DBTX) (float64, error) {
+	var u float64
+	if err := db.QueryRow(ctx, `SELECT pg_notification_queue_usage()`).Scan(&u); err != nil {
+		return 0, fmt.Errorf("read notification queue usage: %w", err)
+	}
+	return u, nil
+}

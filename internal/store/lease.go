@@ -1,0 +1,208 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// ClaimParams selects and leases runnable jobs.
+type ClaimParams struct {
+	Queues   []string
+	Limit    int
+	WorkerID string
+	Lease    time.Duration
+}
+
+// ClaimedJob is a row just leased to this worker.
+type ClaimedJob struct {
+	ID          int64
+	Queue       string
+	Kind        string
+	Payload     []byte
+	Priority    int16
+	Attempt     int32
+	MaxAttempts int32
+	Token       int64
+	CreatedAt   time.Time
+	RunAt       time.Time
+	AttemptedAt time.Time
+	// Timeout is the job's own limit for one attempt; zero when the row has none.
+	Timeout time.Duration
+}
+
+const claimSQL = `
+	WITH picked AS (
+		SELECT id FROM leash.jobs
+		WHERE state IN ('available', 'retryable') AND %s AND run_at <= now() AND revoked_at IS NULL
+		ORDER BY priority, run_at, id
+		LIMIT $2
+		FOR UPDATE SKIP LOCKED
+	)
+	UPDATE leash.jobs j
+	SET state = 'running', attempt = j.attempt + 1, lease_token = nextval('leash.lease_tokens'),
+	    leased_by = $3, lease_expires_at = now() + $4 * interval '1 millisecond',
+	    heartbeat_at = now(), attempted_at = now()
+	FROM picked
+	WHERE j.id = picked.id
+	RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.attempt, j.max_attempts, j.lease_token,
+	          j.created_at, j.run_at, j.attempted_at,
+	          coalesce((extract(epoch FROM j.timeout) * 1000)::bigint, 0)`
+
+var (
+	claimOneQueueSQL   = fmt.Sprintf(claimSQL, "queue = $1")
+	claimManyQueuesSQL = fmt.Sprintf(claimSQL, "queue = ANY($1)")
+)
+
+// Claim leases up to p.Limit runnable jobs in one statement, in priority, run_at, id order,
+// skipping rows other workers hold locked.
+func Claim(ctx context.Context, db DBTX, p ClaimParams) ([]ClaimedJob, error) {
+	var queues any = p.Queues
+	q := claimManyQueuesSQL
+	if len(p.Queues) == 1 {
+		q, queues = claimOneQueueSQL, p.Queues[0]
+	}
+	rows, err := db.Query(ctx, q, queues, p.Limit, p.WorkerID, millis(p.Lease))
+	if err != nil {
+		return nil, fmt.Errorf("claim jobs: %w", err)
+	}
+	jobs := make([]ClaimedJob, 0, p.Limit)
+	for rows.Next() {
+		var j ClaimedJob
+		var timeoutMS int64
+		if err := rows.Scan(&j.ID, &j.Queue, &j.Kind, &j.Payload, &j.Priority, &j.Attempt, &j.MaxAttempts,
+			&j.Token, &j.CreatedAt, &j.RunAt, &j.AttemptedAt, &timeoutMS); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("claim jobs: %w", err)
+		}
+		j.Timeout = time.Duration(timeoutMS) * time.Millisecond
+		jobs = append(jobs, j)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("claim jobs: %w", err)
+	}
+	return jobs, nil
+}
+
+// RenewParams extends many leases at once; IDs[i] is held under Tokens[i].
+type RenewParams struct {
+	IDs    []int64
+	Tokens []int64
+	Lease  time.Duration
+}
+
+// Renew extends every lease that is still held under its token and not revoked, in one
+// statement, and returns the ids it extended. It never waits on a row lock: a row another
+// transaction holds (a handler's fenced transaction, an operator's revoke_job, an outcome being
+// written) is skipped and so missing from the result like a lost one; LeaseStates tells the two
+// apart, and the skipped lease is renewed by a later statement or runs out of trust.
+func Renew(ctx context.Context, db DBTX, p RenewParams) ([]int64, error) {
+	rows, err := db.Query(ctx, `
+		WITH locked AS (
+			SELECT j.id FROM leash.jobs j
+			JOIN unnest($1::bigint[], $2::bigint[]) AS u(id, token) ON j.id = u.id AND j.lease_token = u.token
+			WHERE j.state = 'running' AND j.revoked_at IS NULL
+			ORDER BY j.id
+			FOR NO KEY UPDATE OF j SKIP LOCKED
+		)
+		UPDATE leash.jobs j
+		SET lease_expires_at = now() + $3 * interval '1 millisecond', heartbeat_at = now()
+		FROM locked
+		WHERE j.id = locked.id
+		RETURNING j.id`, p.IDs, p.Tokens, millis(p.Lease))
+	if err != nil {
+		return nil, fmt.Errorf("renew leases: %w", err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return nil, fmt.Errorf("renew leases: %w", err)
+	}
+	return ids, nil
+}
+
+// LeaseState is what the row says about a lease that was not renewed.
+type LeaseState struct {
+	ID           int64
+	Token        *int64
+	State        string
+	Revoked      bool
+	RevokeReason *string
+}
+
+// LeaseStates reads the rows of leases that were not renewed, to tell a revocation from a
+// takeover. Ids with no row are absent from the result.
+func LeaseStates(ctx context.Context, db DBTX, ids []int64) ([]LeaseState, error) {
+	rows, err := db.Query(ctx, `
+		SELECT id, lease_token, state, revoked_at IS NOT NULL, revoke_reason
+		FROM leash.jobs WHERE id = ANY($1)`, ids)
+	if err != nil {
+		return nil, fmt.Errorf("read lease states: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (LeaseState, error) {
+		var s LeaseState
+		err := r.Scan(&s.ID, &s.Token, &s.State, &s.Revoked, &s.RevokeReason)
+		return s, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read lease states: %w", err)
+	}
+	return out, nil
+}
+
+// Rescued is a running job whose lease expired and that a rescuer took back.
+type Rescued struct {
+	ID       int64
+	OldToken int64
+	OldOwner string
+	State    string // retryable, failed or cancelled
+}
+
+// Rescue takes back up to limit running jobs whose lease expired on the database clock, each
+// guarded by the token it read: retryable and runnable at once, failed when its attempts are
+// used up, cancelled when it was revoked. Each old holder is told on job_revoked with its token.
+// Rows another rescuer is working on are skipped.
+func Rescue(ctx context.Context, db DBTX, limit int) ([]Rescued, error) {
+	rows, err := db.Query(ctx, `
+		WITH expired AS (
+			SELECT id, lease_token, leased_by FROM leash.jobs
+			WHERE state = 'running' AND lease_expires_at < now()
+			ORDER BY lease_expires_at
+			LIMIT $1
+			FOR UPDATE SKIP LOCKED
+		)
+		UPDATE leash.jobs j
+		SET state = CASE WHEN j.revoked_at IS NOT NULL THEN 'cancelled'
+		                 WHEN j.attempt >= j.max_attempts THEN 'failed'
+		                 ELSE 'retryable' END,
+		    finished_at = CASE WHEN j.revoked_at IS NOT NULL OR j.attempt >= j.max_attempts THEN now() END,
+		    run_at = now(),
+		    last_error = 'lease expired: worker ' || coalesce(e.leased_by, '?') || ' stopped renewing',
+		    errors = j.errors || jsonb_build_array(jsonb_build_object(
+		        'at', now(), 'attempt', j.attempt, 'worker', e.leased_by, 'token', e.lease_token,
+		        'error', 'lease expired: worker ' || coalesce(e.leased_by, '?') || ' stopped renewing')),
+		    lease_token = NULL, leased_by = NULL, lease_expires_at = NULL
+		FROM expired e
+		WHERE j.id = e.id AND j.lease_token = e.lease_token
+		RETURNING j.id, e.lease_token, coalesce(e.leased_by, ''), j.state,
+		    leash.notify_revoked(j.id, e.lease_token, 'lease expired', true),
+		    CASE WHEN j.state = 'retryable' THEN leash.notify_available(j.queue) END`, limit)
+	if err != nil {
+		return nil, fmt.Errorf("rescue expired leases: %w", err)
+	}
+	var out []Rescued
+	for rows.Next() {
+		var r Rescued
+		var notified, notifiedAvailable *bool
+		if err := rows.Scan(&r.ID, &r.OldToken, &r.OldOwner, &r.State, &notified, &notifiedAvailable); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("rescue expired leases: %w", err)
+		}
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("rescue expired leases: %w", err)
+	}
+	return out, nil
+}

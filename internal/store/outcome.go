@@ -1,0 +1,260 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Outcome is the fenced final write for one claim. The worker decides every field; the
+// statement only applies it under the fence. The database itself enforces the revocation rule
+// (a revoked job that is put back in the queue, or whose attempt fails, ends cancelled), so the
+// state written can differ from State: Finish reports what was stored.
+type Outcome struct {
+	ID    int64
+	Token int64
+	// State to write: completed, failed, cancelled, retryable, or available (a hand-back).
+	State string
+	// RunIn is the delay before a retryable or available job may run again (database clock).
+	RunIn time.Duration
+	// ReturnAttempt gives the attempt back (a hand-back that did not run the job to an end).
+	ReturnAttempt bool
+	// Error is appended to the errors history (with the database time) and kept as last_error;
+	// nil leaves both alone. Its text is cleaned and bounded by Finish.
+	Error *AttemptError
+	// Revoke, when set, records the revocation the worker learned of (revoked_at, and this
+	// reason if the row has none yet).
+	Revoke *string
+}
+
+// AttemptError is one entry of a job's errors history.
+type AttemptError struct {
+	Attempt int32  `json:"attempt"`
+	Error   string `json:"error"`
+	Worker  string `json:"worker,omitempty"`
+	Stack   string `json:"stack,omitempty"`
+}
+
+// Written is one outcome Finish stored.
+type Written struct {
+	ID    int64
+	State string // as stored, after the database's revocation rule
+}
+
+func (o *Outcome) encodeError() (*string, error) {
+	if o.Error == nil {
+		return nil, nil
+	}
+	e := *o.Error
+	e.Error = CleanText(e.Error, MaxErrorBytes)
+	e.Stack = CleanText(e.Stack, MaxStackBytes)
+	e.Worker = CleanText(e.Worker, 256)
+	b, err := json.Marshal(e)
+	if err != nil {
+		return nil, fmt.Errorf("encode attempt error of job %d: %w", o.ID, err)
+	}
+	s := string(b)
+	return &s, nil
+}
+
+// Finish writes many outcomes in one statement, each guarded by its id and lease token, and
+// returns what it wrote. An id missing from the result had lost its lease: nothing was written
+// for it. A statement error fails the whole batch; the caller splits it to find the bad item.
+func Finish(ctx context.Context, db DBTX, outs []Outcome) ([]Written, error) {
+	n := len(outs)
+	ids, tokens, states := make([]int64, n), make([]int64, n), make([]string, n)
+	delays, giveBack := make([]int64, n), make([]bool, n)
+	errs, revokes := make([]*string, n), make([]*string, n)
+	for i := range outs {
+		o := &outs[i]
+		ids[i], tokens[i], states[i], delays[i], giveBack[i] = o.ID, o.Token, o.State, millis(o.RunIn), o.ReturnAttempt
+		var err error
+		if errs[i], err = o.encodeError(); err != nil {
+			return nil, err
+		}
+		if o.Revoke != nil {
+			r := CleanText(*o.Revoke, MaxReasonBytes)
+			revokes[i] = &r
+		}
+	}
+	rows, err := db.Query(ctx, `
+		WITH u AS (
+			-- Locked in id order, like every multi-row write, so that two of them never wait on
+			-- each other in a cycle; the token is checked here, on the latest row version.
+			SELECT j.id, i.state, i.delay_ms, i.give_back, i.err, i.revoke
+			FROM leash.jobs j
+			JOIN unnest($1::bigint[], $2::bigint[], $3::text[], $4::bigint[], $5::boolean[], $6::jsonb[], $7::text[])
+				AS i(id, token, state, delay_ms, give_back, err, revoke) ON j.id = i.id AND j.lease_token = i.token
+			ORDER BY j.id
+			FOR NO KEY UPDATE OF j
+		)
+		UPDATE leash.jobs j
+		SET state = u.state,
+		    attempt = CASE WHEN u.give_back THEN greatest(j.attempt - 1, 0) ELSE j.attempt END,
+		    run_at = CASE WHEN u.state IN ('available', 'retryable') THEN now() + u.delay_ms * interval '1 millisecond' ELSE j.run_at END,
+		    finished_at = CASE WHEN u.state IN ('completed', 'failed', 'cancelled') THEN now() END,
+		    errors = CASE WHEN u.err IS NULL THEN j.errors ELSE j.errors || jsonb_build_array(jsonb_build_object('at', now()) || u.err) END,
+		    last_error = coalesce(u.err->>'error', j.last_error),
+		    revoked_at = CASE WHEN u.revoke IS NOT NULL THEN coalesce(j.revoked_at, now()) ELSE j.revoked_at END,
+		    revoke_reason = CASE WHEN u.revoke IS NOT NULL AND j.revoked_at IS NULL THEN u.revoke ELSE j.revoke_reason END,
+		    lease_token = NULL, leased_by = NULL, lease_expires_at = NULL
+		FROM u
+		WHERE j.id = u.id
+		RETURNING j.id, j.state,
+		    CASE WHEN j.state IN ('available', 'retryable') AND j.run_at <= now() THEN leash.notify_available(j.queue) END`,
+		ids, tokens, states, delays, giveBack, errs, revokes)
+	if err != nil {
+		return nil, fmt.Errorf("finish jobs: %w", err)
+	}
+	written := make([]Written, 0, n)
+	for rows.Next() {
+		var w Written
+		var notified *bool
+		if err := rows.Scan(&w.ID, &w.State, &notified); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("finish jobs: %w", err)
+		}
+		written = append(written, w)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("finish jobs: %w", err)
+	}
+	return written, nil
+}
+
+// ErrFenced means a fenced write found the lease gone: the job is no longer held under the
+// token the caller has.
+var ErrFenced = errors.New("lease token no longer holds")
+
+// ErrRevokedRow means a fenced write found the job still held under the caller's token but
+// revoked: nothing more may commit in its name.
+var ErrRevokedRow = errors.New("job revoked")
+
+// Fence locks the job row in tx and fails with ErrFenced unless it is still running under token,
+// or with ErrRevokedRow when it was revoked, so that the caller's other writes in tx commit only
+// under a live, unrevoked lease. A revocation arriving later waits for tx.
+func Fence(ctx context.Context, tx DBTX, id, token int64) error {
+	var revoked bool
+	err := tx.QueryRow(ctx, `
+		SELECT revoked_at IS NOT NULL FROM leash.jobs WHERE id = $1 AND lease_token = $2 AND state = 'running'
+		FOR NO KEY UPDATE`, id, token).Scan(&revoked)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return ErrFenced
+	}
+	if err != nil {
+		return fmt.Errorf("fence job %d: %w", id, err)
+	}
+	if revoked {
+		return ErrRevokedRow
+	}
+	return nil
+}
+
+// CompleteTx marks the job completed in tx, guarded by its token; ErrFenced when the lease is
+// gone, ErrRevokedRow when the job was revoked (a revocation committed before the completion
+// wins).
+func CompleteTx(ctx context.Context, tx DBTX, id, token int64) error {
+	var revoked bool
+	err := tx.QueryRow(ctx, `
+		WITH cur AS (
+			SELECT id, revoked_at IS NOT NULL AS revoked FROM leash.jobs
+			WHERE id = $1 AND lease_token = $2 AND state = 'running'
+			FOR NO KEY UPDATE
+		), done AS (
+			UPDATE leash.jobs j SET state = 'completed', finished_at = now(),
+			    lease_token = NULL, leased_by = NULL, lease_expires_at = NULL
+			FROM cur WHERE j.id = cur.id AND NOT cur.revoked
+		)
+		SELECT revoked FROM cur`, id, token).Scan(&revoked)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return ErrFenced
+	}
+	if err != nil {
+		return fmt.Errorf("complete job %d: %w", id, err)
+	}
+	if revoked {
+		return ErrRevokedRow
+	}
+	return nil
+}
+
+// ErrRowBusy means a write could not lock the job's row in time: another transaction holds it
+// (often the job's own fenced transaction: write through it instead).
+var ErrRowBusy = errors.New("job row locked by another transaction")
+
+// SetProgress stores a checkpoint on the job, guarded by its token; ErrFenced when the lease
+// is gone. It never waits on the row's lock: while another transaction holds it, it retries
+// briefly and then fails with ErrRowBusy, so that a checkpoint written beside the job's own
+// open fenced transaction fails instead of waiting for it forever.
+func SetProgress(ctx context.Context, db DBTX, id, token int64, progress []byte) error {
+	progress, err := CleanJSON(progress)
+	if err != nil {
+		return fmt.Errorf("set progress of job %d: %w", id, err)
+	}
+	wait := 5 * time.Millisecond
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		var state string
+		err := db.QueryRow(ctx, `
+			WITH cur AS (
+				SELECT id, lease_token, state FROM leash.jobs WHERE id = $1 FOR NO KEY UPDATE SKIP LOCKED
+			), upd AS (
+				UPDATE leash.jobs j SET progress = $3 FROM cur
+				WHERE j.id = cur.id AND cur.lease_token = $2 AND cur.state = 'running'
+				RETURNING j.id
+			)
+			SELECT CASE WHEN EXISTS (SELECT FROM upd) THEN 'written'
+			            WHEN EXISTS (SELECT FROM cur) THEN 'fenced'
+			            ELSE 'busy' END`, id, token, string(progress)).Scan(&state)
+		if err != nil {
+			return fmt.Errorf("set progress of job %d: %w", id, err)
+		}
+		switch state {
+		case "written":
+			return nil
+		case "fenced":
+			return ErrFenced
+		}
+		// Locked, or no such row: tell them apart without a lock.
+		var held bool
+		err = db.QueryRow(ctx, `SELECT EXISTS (SELECT FROM leash.jobs WHERE id = $1 AND lease_token = $2 AND state = 'running')`,
+			id, token).Scan(&held)
+		if err != nil {
+			return fmt.Errorf("set progress of job %d: %w", id, err)
+		}
+		if !held {
+			return ErrFenced
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("set progress of job %d: %w", id, ErrRowBusy)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("set progress of job %d: %w", id, context.Cause(ctx))
+		case <-time.After(wait):
+		}
+		wait = min(wait*2, 200*time.Millisecond)
+	}
+}
+
+// SetProgressTx stores a checkpoint on the job inside tx, which holds (or takes) the row's lock,
+// guarded by its token; ErrFenced when the lease is gone.
+func SetProgressTx(ctx context.Context, tx DBTX, id, token int64, progress []byte) error {
+	progress, err := CleanJSON(progress)
+	if err != nil {
+		return fmt.Errorf("set progress of job %d: %w", id, err)
+	}
+	tag, err := tx.Exec(ctx, `UPDATE leash.jobs SET progress = $3 WHERE id = $1 AND lease_token = $2 AND state = 'running'`,
+		id, token, string(progress))
+	if err != nil {
+		return fmt.Errorf("set progress of job %d: %w", id, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return ErrFenced
+	}
+	return nil
+}

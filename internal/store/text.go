@@ -1,0 +1,78 @@
+package store
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"unicode/utf8"
+)
+
+// Limits on text leash stores from outside the process (handler errors, panic values, stacks,
+// revocation reasons): bounded, so that one huge message cannot bloat a row or fail a batch.
+const (
+	MaxErrorBytes  = 16 << 10
+	MaxStackBytes  = 16 << 10
+	MaxReasonBytes = 1 << 10
+)
+
+// CleanText makes s storable in a PostgreSQL text or jsonb string: NUL bytes and invalid UTF-8
+// become U+FFFD (PostgreSQL rejects both), and text beyond max bytes is cut on a character
+// boundary with a note saying how much was cut. Nothing else of s is lost. max <= 0 means no
+// limit.
+func CleanText(s string, max int) string {
+	if strings.IndexByte(s, 0) >= 0 {
+		s = strings.ReplaceAll(s, "\x00", "\uFFFD")
+	}
+	if !utf8.ValidString(s) {
+		s = strings.ToValidUTF8(s, "\uFFFD")
+	}
+	if max <= 0 || len(s) <= max {
+		return s
+	}
+	cut := max
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + fmt.Sprintf("… [%d more bytes cut]", len(s)-cut)
+}
+
+// CleanJSON makes a JSON document storable as jsonb: strings (keys included) holding NUL, which
+// jsonb rejects as \u0000, get U+FFFD instead, as do invalid UTF-8 bytes. A document without
+// either is returned as is. It fails only for invalid JSON.
+func CleanJSON(b []byte) ([]byte, error) {
+	if !bytes.Contains(b, []byte(`\u0000`)) && utf8.Valid(b) && bytes.IndexByte(b, 0) < 0 {
+		return b, nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return nil, fmt.Errorf("invalid JSON: %w", err)
+	}
+	out, err := json.Marshal(cleanValue(v))
+	if err != nil {
+		return nil, fmt.Errorf("re-encode JSON: %w", err)
+	}
+	return out, nil
+}
+
+func cleanValue(v any) any {
+	switch x := v.(type) {
+	case string:
+		return CleanText(x, 0)
+	case []any:
+		for i := range x {
+			x[i] = cleanValue(x[i])
+		}
+		return x
+	case map[string]any:
+		out := make(map[string]any, len(x))
+		for k, e := range x {
+			out[CleanText(k, 0)] = cleanValue(e)
+		}
+		return out
+	default:
+		return v
+	}
+}

@@ -1,0 +1,50 @@
+package pool
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/leashq/leash/internal/pgtest"
+	"github.com/leashq/leash/internal/store"
+)
+
+// A batch the database rejects is split until the bad outcome is alone: every other outcome in
+// it is written, once.
+func TestWriteSplitsRejectedBatch(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	p, err := New(db, Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 10 {
+		if _, err := store.Insert(ctx, db, store.InsertParams{Kind: "k"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	jobs, err := store.Claim(ctx, db, store.ClaimParams{Queues: []string{"default"}, Limit: 10, WorkerID: "w", Lease: time.Minute})
+	if err != nil || len(jobs) != 10 {
+		t.Fatalf("claim: %d %v", len(jobs), err)
+	}
+	items := make([]finishItem, len(jobs))
+	for i, j := range jobs {
+		items[i] = finishItem{out: store.Outcome{ID: j.ID, Token: j.Token, State: store.StateCompleted}, job: &Job{ID: j.ID}}
+	}
+	bad := jobs[6].ID
+	items[6].out.State = "exploded" // violates jobs_state_check whatever its text
+	written := map[int64]string{}
+	p.write(items, written, time.Now().Add(time.Minute))
+	if len(written) != 9 {
+		t.Fatalf("wrote %d outcomes, want 9: %v", len(written), written)
+	}
+	if _, ok := written[bad]; ok {
+		t.Fatal("the bad outcome was written")
+	}
+	var completed int
+	db.QueryRow(ctx, `SELECT count(*) FROM leash.jobs WHERE state = 'completed'`).Scan(&completed)
+	if completed != 9 {
+		t.Fatalf("%d completed", completed)
+	}
+}

@@ -1,0 +1,112 @@
+package pool
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/leashq/leash/internal/store"
+	"github.com/leashq/leash/lease"
+)
+
+// ErrTimeout is the cause a handler's context is cancelled with when its attempt runs past the
+// job's timeout (the timeout column, or Config.Timeouts for its kind). The attempt then fails like
+// an error: retried with backoff, or failed when its attempts are used up.
+var ErrTimeout = errors.New("job timed out")
+
+type timeoutError struct{ d time.Duration }
+
+func (e *timeoutError) Error() string        { return fmt.Sprintf("job timed out after %s", e.d) }
+func (e *timeoutError) Is(target error) bool { return target == ErrTimeout }
+
+// revocation is the cause of a revocation that arrived as a notification; it matches
+// lease.ErrRevoked and carries the notification's reason, which is recorded with the job.
+type revocation struct {
+	reason string
+}
+
+func (e *revocation) Error() string        { return "job revoked: " + e.reason }
+func (e *revocation) Is(target error) bool { return target == lease.ErrRevoked }
+
+// defaultRevokeReason is recorded for a revocation that arrived without a reason.
+const defaultRevokeReason = "revoked by NOTIFY job_revoked"
+
+// ending is how an attempt ended, as the worker saw it.
+type ending struct {
+	err         error // what the handler returned (a panic becomes *PanicError)
+	cause       error // the lease's cause when the handler returned; nil if it still held
+	attempt     int
+	maxAttempts int
+	backoff     func(attempt int) time.Duration
+}
+
+// decide maps an attempt's ending to the outcome to write, or write=false when nothing may be
+// written (the lease was taken over: the fence would reject it anyway). It is the table in the
+// README ("What each ending writes"):
+//
+//   - the lease was lost to another worker: nothing;
+//   - the job was revoked before the handler returned: cancelled, whatever it returned;
+//   - the handler returned nil: completed;
+//   - shutdown cancelled it and it returned an error: available again, the attempt given back;
+//   - Permanent, or attempts used up: failed;
+//   - RetryAfter(d): retryable after d; timeout, renewal timeout, any other error or panic:
+//     retryable after the backoff (renewal timeout: at once).
+//
+// The database adds the one rule the worker cannot know in time: a job revoked in its row
+// before the write lands ends cancelled unless this outcome is completed.
+func decide(id, token int64, worker string, e ending) (out store.Outcome, write bool) {
+	out = store.Outcome{ID: id, Token: token}
+	if errors.Is(e.cause, lease.ErrLost) {
+		return out, false
+	}
+	var ae *store.AttemptError
+	if e.err != nil {
+		ae = &store.AttemptError{Attempt: int32(e.attempt), Error: e.err.Error(), Worker: worker}
+		var pe *PanicError
+		if errors.As(e.err, &pe) {
+			ae.Stack = pe.Stack
+		}
+	}
+	if errors.Is(e.cause, lease.ErrRevoked) {
+		reason := "revoked"
+		var rv *revocation
+		if errors.As(e.cause, &rv) {
+			reason = rv.reason
+		}
+		out.State, out.Revoke = store.StateCancelled, &reason
+		if ae == nil {
+			ae = &store.AttemptError{Attempt: int32(e.attempt), Error: "handler returned success after the revocation reached it", Worker: worker}
+		}
+		ae.Error = "revoked: " + ae.Error
+		out.Error = ae
+		return out, true
+	}
+	if e.err == nil {
+		out.State = store.StateCompleted
+		return out, true
+	}
+	out.Error = ae
+	var ra *retryAfterError
+	switch {
+	case errors.Is(e.cause, lease.ErrShutdown):
+		out.State, out.Error, out.ReturnAttempt = store.StateAvailable, nil, true
+		return out, true
+	case errors.Is(e.cause, ErrTimeout):
+		ae.Error = e.cause.Error() + ": " + ae.Error
+		out.State, out.RunIn = store.StateRetryable, e.backoff(e.attempt)
+	case errors.Is(e.cause, lease.ErrRenewalTimeout):
+		// Still fenced: written only if nobody took the job meanwhile.
+		ae.Error = "lease renewal timed out: " + ae.Error
+		out.State = store.StateRetryable
+	case IsPermanent(e.err):
+		out.State = store.StateFailed
+	case errors.As(e.err, &ra):
+		out.State, out.RunIn = store.StateRetryable, ra.d
+	default:
+		out.State, out.RunIn = store.StateRetryable, e.backoff(e.attempt)
+	}
+	if out.State == store.StateRetryable && e.attempt >= e.maxAttempts {
+		out.State, out.RunIn = store.StateFailed, 0
+	}
+	return out, true
+}
