@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/leashq/leash/internal/store"
 )
 
@@ -50,20 +52,31 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
-// Validate reports the first rule the (filled) timing breaks. Names are the Config fields;
-// callers with other names (environment variables) map them.
+// ConfigError names the Config field that broke a rule.
+type ConfigError struct {
+	Field string // a Config field name
+	Rule  string
+}
+
+// Error names the field and the rule.
+func (e *ConfigError) Error() string { return e.Field + ": " + e.Rule }
+
+// Validate reports the first rule the (filled) timing breaks, as a *ConfigError.
 func (c Config) Validate() error {
+	bad := func(field, rule string, args ...any) error {
+		return &ConfigError{Field: field, Rule: fmt.Sprintf(rule, args...)}
+	}
 	switch {
 	case c.Duration < 100*time.Millisecond:
-		return errors.New("duration: must be at least 100ms")
+		return bad("Duration", "must be at least 100ms")
 	case c.HeartbeatInterval <= 0:
-		return errors.New("heartbeat interval: must be positive")
+		return bad("HeartbeatInterval", "must be positive")
 	case c.HeartbeatInterval*2 > c.Duration:
-		return fmt.Errorf("heartbeat interval: %s must be at most half of the lease duration (%s), so that a renewal can fail once and still land before the lease expires", c.HeartbeatInterval, c.Duration)
+		return bad("HeartbeatInterval", "%s must be at most half of the lease duration (%s), so that a renewal can be retried and still land before the lease expires", c.HeartbeatInterval, c.Duration)
 	case c.RetryInterval <= 0 || c.RetryInterval > c.HeartbeatInterval:
-		return fmt.Errorf("retry interval: %s must be positive and at most the heartbeat interval (%s)", c.RetryInterval, c.HeartbeatInterval)
+		return bad("RetryInterval", "%s must be positive and at most the heartbeat interval (%s)", c.RetryInterval, c.HeartbeatInterval)
 	case c.SafetyMargin <= 0 || c.SafetyMargin >= c.Duration-c.HeartbeatInterval:
-		return fmt.Errorf("safety margin: %s must be positive and below the lease duration minus the heartbeat interval (%s)", c.SafetyMargin, c.Duration-c.HeartbeatInterval)
+		return bad("SafetyMargin", "%s must be positive and below the lease duration minus the heartbeat interval (%s)", c.SafetyMargin, c.Duration-c.HeartbeatInterval)
 	}
 	return nil
 }
@@ -96,9 +109,19 @@ func (m *Metrics) countEnd(cause error) {
 	}
 }
 
+// discard is the logger of a Keeper or Rescuer given none.
+var discard = slog.New(slog.DiscardHandler)
+
+// DB runs statements: a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.
+type DB interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
 // Keeper holds every lease of one worker and renews them all in one statement per heartbeat.
 type Keeper struct {
-	db      store.DBTX
+	db      DB
 	cfg     Config
 	log     *slog.Logger
 	metrics *Metrics
@@ -112,9 +135,9 @@ type Keeper struct {
 }
 
 // NewKeeper returns a Keeper renewing through db. cfg is filled with defaults and must be valid.
-func NewKeeper(db store.DBTX, cfg Config, log *slog.Logger, metrics *Metrics) *Keeper {
+func NewKeeper(db DB, cfg Config, log *slog.Logger, metrics *Metrics) *Keeper {
 	if log == nil {
-		log = slog.New(slog.DiscardHandler)
+		log = discard
 	}
 	if metrics == nil {
 		metrics = &Metrics{}

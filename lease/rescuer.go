@@ -16,7 +16,7 @@ const RescueBatchDefault = 1000
 // one; rows another rescuer is on are skipped, so running many at once is safe.
 type Rescuer struct {
 	// DB runs the rescue statement. Required.
-	DB store.DBTX
+	DB DB
 	// Interval between passes, jittered by up to a fifth. Required.
 	Interval time.Duration
 	// Batch is the most rows one pass takes back. Default RescueBatchDefault.
@@ -27,17 +27,22 @@ type Rescuer struct {
 	Metrics *Metrics
 }
 
+// Rescued is a running job whose lease expired and that a rescuer took back.
+type Rescued struct {
+	ID       int64
+	OldToken int64  // the token of the claim that lost the job
+	OldOwner string // the worker that held it
+	State    string // retryable, failed or cancelled
+}
+
 // RunOnce takes back every expired lease it finds (in batches) and returns what it did.
-func (r *Rescuer) RunOnce(ctx context.Context) ([]store.Rescued, error) {
+func (r *Rescuer) RunOnce(ctx context.Context) ([]Rescued, error) {
 	batch := r.Batch
 	if batch <= 0 {
 		batch = RescueBatchDefault
 	}
-	log := r.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	var all []store.Rescued
+	log := r.logger()
+	var all []Rescued
 	for {
 		got, err := store.Rescue(ctx, r.DB, batch)
 		if err != nil {
@@ -51,19 +56,25 @@ func (r *Rescuer) RunOnce(ctx context.Context) ([]store.Rescued, error) {
 		if r.Metrics != nil {
 			r.Metrics.Rescued.Add(int64(len(got)))
 		}
-		all = append(all, got...)
+		for _, j := range got {
+			all = append(all, Rescued(j))
+		}
 		if len(got) < batch {
 			return all, nil
 		}
 	}
 }
 
+func (r *Rescuer) logger() *slog.Logger {
+	if r.Logger == nil {
+		return discard
+	}
+	return r.Logger
+}
+
 // Run calls RunOnce every Interval until ctx is done.
 func (r *Rescuer) Run(ctx context.Context) {
-	log := r.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
+	log := r.logger()
 	for {
 		d := r.Interval + time.Duration(rand.Int64N(int64(r.Interval)/5+1))
 		select {

@@ -1,6 +1,6 @@
-// Package notify owns leash's LISTEN connection: the channel names, the parsing of job_revoked
-// payloads, and a Listener that survives disconnects and proves itself alive. It is used by
-// package pool; applications rarely need it directly.
+// Package notify is leash's notification contract: the channel names, the parsing of
+// job_revoked payloads (what an operator or another worker may send), the listener's
+// application_name and its counters. The listener itself is internal to package pool.
 package notify
 
 import (
@@ -10,8 +10,22 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"unicode/utf8"
 )
+
+// ApplicationName is the application_name of a worker's LISTEN connection, so that operators
+// can find it in pg_stat_activity.
+const ApplicationName = "leash-listener"
+
+// Metrics counts what a worker's listener saw. All fields are safe for concurrent use.
+type Metrics struct {
+	Received   atomic.Int64 // notifications received on any channel
+	Malformed  atomic.Int64 // job_revoked payloads that did not parse
+	Reconnects atomic.Int64 // connections made after the first
+	PingsLost  atomic.Int64 // liveness pings that did not come back in time
+	Terminated atomic.Int64 // server backends of abandoned connections that were terminated
+}
 
 // Channel names (contract).
 const (

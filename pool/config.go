@@ -1,12 +1,13 @@
 package pool
 
 import (
+	"cmp"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"os"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -128,20 +129,20 @@ func (c Config) withDefaults() Config {
 	if len(c.Queues) == 0 {
 		c.Queues = []string{QueueDefault}
 	}
-	c.Concurrency = cmpOr(c.Concurrency, ConcurrencyDefault)
+	c.Concurrency = cmp.Or(c.Concurrency, ConcurrencyDefault)
 	lc := c.leaseConfig().WithDefaults()
 	c.LeaseDuration, c.HeartbeatInterval, c.RenewRetryInterval, c.LeaseSafetyMargin =
 		lc.Duration, lc.HeartbeatInterval, lc.RetryInterval, lc.SafetyMargin
-	c.RescueInterval = cmpOr(c.RescueInterval, c.HeartbeatInterval)
-	c.PollInterval = cmpOr(c.PollInterval, PollIntervalDefault)
-	c.ShutdownTimeout = cmpOr(c.ShutdownTimeout, ShutdownTimeoutDefault)
-	c.FinishFlushInterval = cmpOr(c.FinishFlushInterval, FinishFlushDefault)
-	c.StallInterval = cmpOr(c.StallInterval, c.LeaseDuration)
-	c.ShutdownStallWait = cmpOr(c.ShutdownStallWait, time.Second)
-	c.ControlConns = cmpOr(c.ControlConns, ControlConnsDefault)
-	c.RetainCompleted = cmpOr(c.RetainCompleted, RetainCompletedDefault)
-	c.RetainFailed = cmpOr(c.RetainFailed, RetainFailedDefault)
-	c.RetentionInterval = cmpOr(c.RetentionInterval, RetentionIntervalDefault)
+	c.RescueInterval = cmp.Or(c.RescueInterval, c.HeartbeatInterval)
+	c.PollInterval = cmp.Or(c.PollInterval, PollIntervalDefault)
+	c.ShutdownTimeout = cmp.Or(c.ShutdownTimeout, ShutdownTimeoutDefault)
+	c.FinishFlushInterval = cmp.Or(c.FinishFlushInterval, FinishFlushDefault)
+	c.StallInterval = cmp.Or(c.StallInterval, c.LeaseDuration)
+	c.ShutdownStallWait = cmp.Or(c.ShutdownStallWait, time.Second)
+	c.ControlConns = cmp.Or(c.ControlConns, ControlConnsDefault)
+	c.RetainCompleted = cmp.Or(c.RetainCompleted, RetainCompletedDefault)
+	c.RetainFailed = cmp.Or(c.RetainFailed, RetainFailedDefault)
+	c.RetentionInterval = cmp.Or(c.RetentionInterval, RetentionIntervalDefault)
 	if c.RetryBackoff == nil {
 		c.RetryBackoff = DefaultRetryBackoff
 	}
@@ -195,21 +196,13 @@ func (c Config) Validate() error {
 		}
 	}
 	if err := c.leaseConfig().Validate(); err != nil {
-		field := map[string]string{"duration": "LeaseDuration", "heartbeat interval": "HeartbeatInterval",
-			"retry interval": "RenewRetryInterval", "safety margin": "LeaseSafetyMargin"}
-		name, rule, _ := strings.Cut(err.Error(), ": ")
-		if f, ok := field[name]; ok {
-			return bad(f, "%s", rule)
+		field := map[string]string{"Duration": "LeaseDuration", "HeartbeatInterval": "HeartbeatInterval",
+			"RetryInterval": "RenewRetryInterval", "SafetyMargin": "LeaseSafetyMargin"}
+		var ce *lease.ConfigError
+		if errors.As(err, &ce) && field[ce.Field] != "" {
+			return bad(field[ce.Field], "%s", ce.Rule)
 		}
 		return bad("LeaseDuration", "%s", err.Error())
 	}
 	return nil
-}
-
-func cmpOr[T comparable](v, def T) T {
-	var zero T
-	if v == zero {
-		return def
-	}
-	return v
 }

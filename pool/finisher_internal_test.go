@@ -20,7 +20,7 @@ func TestWriteSplitsRejectedBatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	for range 10 {
-		if _, err := store.Insert(ctx, db, store.InsertParams{Kind: "k"}); err != nil {
+		if _, err := store.Insert(ctx, db, store.InsertParams{Kind: "k", Queue: QueueDefault, MaxAttempts: MaxAttemptsDefault}); err != nil {
 			t.Fatal(err)
 		}
 	}

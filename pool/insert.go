@@ -1,6 +1,7 @@
 package pool
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,16 +11,21 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/leashq/leash/internal/store"
 )
 
 // DB is what inserts need: a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.
-type DB = store.DBTX
+type DB interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
 
 // InsertOpts are the optional settings of a new job.
 type InsertOpts struct {
-	// Queue, default "default".
+	// Queue. Default QueueDefault.
 	Queue string
 	// Priority: lower runs first. Default 0.
 	Priority int16
@@ -27,7 +33,7 @@ type InsertOpts struct {
 	RunAt time.Time
 	// Delay schedules the job this long from now on the database clock (when RunAt is zero).
 	Delay time.Duration
-	// MaxAttempts before the job fails for good. Default 20.
+	// MaxAttempts before the job fails for good. Default MaxAttemptsDefault (20, as the table's).
 	MaxAttempts int
 	// Timeout limits one attempt: past it the handler's context is cancelled with ErrTimeout
 	// and the attempt fails like an error. Zero: the kind's default (Config.Timeouts), if any.
@@ -67,8 +73,8 @@ func params(kind string, payload any, opts *InsertOpts) (store.InsertParams, err
 	if err != nil {
 		return store.InsertParams{}, fmt.Errorf("%w: kind %s: %v", ErrInvalidJob, kind, err)
 	}
-	return store.InsertParams{Queue: o.Queue, Kind: kind, Payload: body, Priority: o.Priority,
-		MaxAttempts: int32(o.MaxAttempts), RunAt: o.RunAt, Delay: o.Delay, Timeout: o.Timeout}, nil
+	return store.InsertParams{Queue: cmp.Or(o.Queue, QueueDefault), Kind: kind, Payload: body, Priority: o.Priority,
+		MaxAttempts: int32(cmp.Or(o.MaxAttempts, MaxAttemptsDefault)), RunAt: o.RunAt, Delay: o.Delay, Timeout: o.Timeout}, nil
 }
 
 // validName reports whether s can be stored as PostgreSQL text.
@@ -120,7 +126,10 @@ type InsertManyParams struct {
 }
 
 // CopyDB is what InsertMany needs: a *pgxpool.Pool, *pgx.Conn or pgx.Tx.
-type CopyDB = store.CopyDB
+type CopyDB interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+	CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error)
+}
 
 // InsertMany enqueues many jobs with one COPY and returns how many it inserted. Workers are woken
 // once per queue, however many rows. Nothing is inserted if any job is invalid.
@@ -138,6 +147,8 @@ func InsertMany(ctx context.Context, db CopyDB, jobs []InsertManyParams) (int64,
 
 // Migrate applies leash's pending schema migrations under an advisory lock and returns the
 // versions it applied. Safe to run at every start, from many processes at once.
-func Migrate(ctx context.Context, db store.Beginner) ([]int, error) {
+func Migrate(ctx context.Context, db interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}) ([]int, error) {
 	return store.Migrate(ctx, db)
 }

@@ -16,11 +16,11 @@ import (
 
 // ErrFenced means a fenced write found that this claim no longer holds the job: it was taken
 // over, revoked and finished, or its lease stopped being trusted. Nothing was written.
-var ErrFenced = store.ErrFenced
+var ErrFenced = errors.New("lease token no longer holds")
 
 // ErrRowBusy means SetProgress could not lock the job's row in time because another transaction
 // held it, typically the job's own fenced transaction (use SetProgressTx inside it).
-var ErrRowBusy = store.ErrRowBusy
+var ErrRowBusy = errors.New("job row locked by another transaction")
 
 // Job is one claimed attempt of a job, handed to its Handler.
 type Job struct {
@@ -73,9 +73,14 @@ func (j *Job) Fence(ctx context.Context, tx pgx.Tx) error {
 // rowError maps what a fenced statement found in the row: a revocation ends the lease (and so
 // cancels the handler) and reads as ErrFenced wrapping lease.ErrRevoked.
 func (j *Job) rowError(err error) error {
-	if errors.Is(err, store.ErrRevokedRow) {
+	switch {
+	case errors.Is(err, store.ErrRevokedRow):
 		j.lease.End(lease.ErrRevoked)
 		return fmt.Errorf("%w: %w", ErrFenced, lease.ErrRevoked)
+	case errors.Is(err, store.ErrFenced):
+		return ErrFenced
+	case errors.Is(err, store.ErrRowBusy):
+		return fmt.Errorf("job %d: %w", j.ID, ErrRowBusy)
 	}
 	return err
 }
@@ -108,7 +113,7 @@ func (j *Job) SetProgress(ctx context.Context, v any) error {
 	if err := j.lease.EnsureActive(); err != nil {
 		return fmt.Errorf("set progress of job %d: %w: %w", j.ID, ErrFenced, err)
 	}
-	return store.SetProgress(ctx, j.db, j.ID, j.Token, b)
+	return j.rowError(store.SetProgress(ctx, j.db, j.ID, j.Token, b))
 }
 
 // SetProgressTx stores v as the job's checkpoint inside tx (for instance after Fence), fenced by
@@ -121,7 +126,7 @@ func (j *Job) SetProgressTx(ctx context.Context, tx pgx.Tx, v any) error {
 	if err := j.lease.EnsureActive(); err != nil {
 		return fmt.Errorf("set progress of job %d: %w: %w", j.ID, ErrFenced, err)
 	}
-	return store.SetProgressTx(ctx, tx, j.ID, j.Token, b)
+	return j.rowError(store.SetProgressTx(ctx, tx, j.ID, j.Token, b))
 }
 
 // Sleep waits for d, or returns early with context.Cause(ctx) when ctx ends.

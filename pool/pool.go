@@ -5,22 +5,19 @@
 package pool
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
-	"runtime/debug"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/leashq/leash/internal/listener"
 	"github.com/leashq/leash/internal/store"
 	"github.com/leashq/leash/lease"
 	"github.com/leashq/leash/notify"
@@ -75,7 +72,7 @@ type Pool struct {
 	handlersMu sync.RWMutex
 	handlers   map[string]Handler
 
-	listener *notify.Listener
+	listener *listener.Listener
 	startObs StartObserver // Config.Observer, when it also wants starts
 	wake     chan struct{} // a notification or a poll: there may be new jobs
 	slotWake chan struct{} // a handler returned: a slot is free
@@ -182,8 +179,9 @@ func (p *Pool) Config() Config { return p.cfg }
 // Metrics returns the pool's live counters.
 func (p *Pool) Metrics() *Metrics { return p.metrics }
 
-// Keeper returns the pool's lease keeper.
-func (p *Pool) Keeper() *lease.Keeper { return p.keeper }
+// Healthy reports whether the last lease renewal statement succeeded. A worker whose renewals
+// fail claims nothing until they succeed again; readiness probes can report it.
+func (p *Pool) Healthy() bool { return p.keeper.Healthy() }
 
 // ListenerConnected reports whether the LISTEN connection is up.
 func (p *Pool) ListenerConnected() bool { return p.listener != nil && p.listener.Connected() }
@@ -272,12 +270,12 @@ func (p *Pool) Shutdown(ctx context.Context) error {
 	return nil
 }
 
-func (p *Pool) newListener() *notify.Listener {
+func (p *Pool) newListener() *listener.Listener {
 	cfg := p.cfg.ListenConfig
 	if cfg == nil {
 		cfg = p.db.Config().ConnConfig
 	}
-	return &notify.Listener{
+	return &listener.Listener{
 		Config:         cfg,
 		ReconnectDelay: p.cfg.ListenReconnectDelay,
 		PingInterval:   p.cfg.ListenPingInterval,
@@ -311,241 +309,5 @@ func (p *Pool) poke(ch chan struct{}) {
 	select {
 	case ch <- struct{}{}:
 	default:
-	}
-}
-
-// claimLoop claims up to the number of free slots whenever woken, until ctx is done.
-func (p *Pool) claimLoop(ctx context.Context) {
-	poll := time.NewTimer(p.jitteredPoll())
-	defer poll.Stop()
-	moreLikely := true // the last claim filled every slot it asked for
-	for {
-		free := p.cfg.Concurrency - int(p.active.Load())
-		if free > 0 && p.keeper.Healthy() {
-			n, err := p.claim(ctx, free)
-			if err != nil {
-				if ctx.Err() != nil {
-					return
-				}
-				p.log.WarnContext(ctx, "claiming jobs failed", slog.Any("err", err))
-				moreLikely = false
-			} else {
-				moreLikely = n == free
-				if moreLikely {
-					continue
-				}
-			}
-		}
-		for waiting := true; waiting; {
-			select {
-			case <-ctx.Done():
-				return
-			case <-p.wake:
-				waiting = false
-			case <-p.slotWake:
-				waiting = !moreLikely
-			case <-poll.C:
-				poll.Reset(p.jitteredPoll())
-				waiting = false
-			}
-		}
-	}
-}
-
-func (p *Pool) jitteredPoll() time.Duration {
-	d := p.cfg.PollInterval
-	return d - d/10 + time.Duration(rand.Int64N(int64(d)/5+1))
-}
-
-// claim leases up to limit jobs in one statement and starts them. The statement is not cut short
-// by ctx: jobs it claims are always started (and handed back on shutdown), never stranded.
-func (p *Pool) claim(ctx context.Context, limit int) (int, error) {
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-	defer cancel()
-	sentAt := time.Now()
-	jobs, err := store.Claim(sctx, p.control(), store.ClaimParams{Queues: p.cfg.Queues, Limit: limit,
-		WorkerID: p.cfg.ID, Lease: p.cfg.LeaseDuration})
-	if err != nil {
-		return 0, err
-	}
-	p.metrics.Claimed.Add(int64(len(jobs)))
-	for i := range jobs {
-		p.start(&jobs[i], sentAt)
-	}
-	return len(jobs), nil
-}
-
-func (p *Pool) start(cj *store.ClaimedJob, sentAt time.Time) {
-	ctx, l := p.keeper.Hold(p.jobsCtx, cj.ID, cj.Token, sentAt)
-	j := &Job{ID: cj.ID, Queue: cj.Queue, Kind: cj.Kind, Payload: cj.Payload, Priority: cj.Priority,
-		Attempt: int(cj.Attempt), MaxAttempts: int(cj.MaxAttempts), Token: cj.Token, CreatedAt: cj.CreatedAt,
-		RunAt: cj.RunAt, AttemptedAt: cj.AttemptedAt, lease: l, db: p.db, started: time.Now()}
-	if d := cmp.Or(cj.Timeout, p.cfg.Timeouts[cj.Kind]); d > 0 {
-		// Ends the lease: the handler's context is cancelled with the timeout, and the lease is
-		// no longer renewed, so a handler that ignores it is settled by a rescuer.
-		j.timer = time.AfterFunc(d, func() {
-			if l.End(&timeoutError{d}) {
-				p.metrics.TimedOut.Add(1)
-				p.log.Warn("job timed out; cancelling", slog.Int64("job_id", j.ID), slog.String("kind", j.Kind),
-					slog.Duration("timeout", d))
-			}
-		})
-	}
-	p.runningMu.Lock()
-	p.running[j.Token] = j
-	p.runningMu.Unlock()
-	p.active.Add(1)
-	p.outcomes.Add(1)
-	if p.startObs != nil {
-		p.startObs.JobStarted(JobEvent{Queue: j.Queue, Kind: j.Kind, State: store.StateRunning, Pickup: j.pickup()})
-	}
-	p.group.Go(func() error {
-		defer func() {
-			p.active.Add(-1)
-			p.poke(p.slotWake)
-		}()
-		p.execute(ctx, j)
-		return nil
-	})
-}
-
-// forget ends the job's supervision: no more renewals, no timeout.
-func (p *Pool) forget(j *Job) {
-	if j.timer != nil {
-		j.timer.Stop()
-	}
-	p.keeper.Release(j.lease)
-	p.runningMu.Lock()
-	if p.running[j.Token] == j {
-		delete(p.running, j.Token)
-	}
-	p.runningMu.Unlock()
-}
-
-// execute runs the handler and queues its outcome. It never returns an error: a failing job is
-// not a failing pool.
-func (p *Pool) execute(ctx context.Context, j *Job) {
-	err := p.call(ctx, j)
-	j.lease.MarkFinishing()
-	dur := time.Since(j.started)
-	if !j.settled.CompareAndSwap(false, true) {
-		// Abandoned at shutdown while this handler ignored its context; a rescuer settles it.
-		p.log.Warn("handler returned after its job was abandoned at shutdown; result dropped",
-			slog.Int64("job_id", j.ID), slog.Any("err", err))
-		return
-	}
-	defer p.outcomes.Done()
-	out, write := decide(j.ID, j.Token, p.cfg.ID, ending{err: err, cause: j.lease.Cause(), attempt: j.Attempt,
-		maxAttempts: j.MaxAttempts, backoff: p.cfg.RetryBackoff})
-	if !write {
-		p.log.Info("handler stopped after losing its lease", slog.Int64("job_id", j.ID),
-			slog.Int64("lease_token", j.Token), slog.Any("err", err))
-		p.observe(j, "", dur, false)
-		p.forget(j)
-		return
-	}
-	p.finishCh <- finishItem{out: out, job: j, dur: dur}
-}
-
-func (p *Pool) call(ctx context.Context, j *Job) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			p.metrics.Panics.Add(1)
-			err = &PanicError{Value: r, Stack: string(debug.Stack())}
-			p.log.Error("handler panicked", slog.Int64("job_id", j.ID), slog.String("kind", j.Kind),
-				slog.String("panic", store.CleanText(fmt.Sprint(r), 1024)))
-		}
-	}()
-	p.handlersMu.RLock()
-	h, ok := p.handlers[j.Kind]
-	p.handlersMu.RUnlock()
-	if !ok {
-		return Permanent(fmt.Errorf("no handler registered for kind %q on worker %s", j.Kind, p.cfg.ID))
-	}
-	return h.Handle(ctx, j)
-}
-
-func (p *Pool) observe(j *Job, state string, dur time.Duration, stale bool) {
-	if p.cfg.Observer == nil {
-		return
-	}
-	p.cfg.Observer.JobFinished(JobEvent{Queue: j.Queue, Kind: j.Kind, State: state, Duration: dur,
-		Pickup: j.pickup(), Stale: stale})
-}
-
-// drain waits for running handlers until grace is done, then cancels them with ErrShutdown;
-// their own outcomes hand the jobs back. A handler that still does not return is abandoned: its
-// lease is no longer renewed and a rescuer takes the job back once it expires (the attempt
-// counted, since it may still be doing the job's work). Handing it back at once would let
-// another worker run it beside the one that never stopped.
-func (p *Pool) drain(grace context.Context) {
-	all := make(chan struct{})
-	go func() { p.group.Wait(); close(all) }()
-	select {
-	case <-all:
-		return
-	case <-grace.Done():
-	}
-	p.runningMu.Lock()
-	jobs := make([]*Job, 0, len(p.running))
-	for _, j := range p.running {
-		jobs = append(jobs, j)
-	}
-	p.runningMu.Unlock()
-	if len(jobs) > 0 {
-		p.log.Warn("shutdown grace period over; cancelling running jobs", slog.Int("jobs", len(jobs)))
-	}
-	for _, j := range jobs {
-		if !j.lease.Finishing() {
-			j.lease.End(lease.ErrShutdown)
-		}
-	}
-	select {
-	case <-all:
-		return
-	case <-time.After(p.cfg.ShutdownStallWait):
-	}
-	for _, j := range jobs {
-		if !j.settled.CompareAndSwap(false, true) {
-			continue // it returned and queues its own outcome
-		}
-		p.metrics.Abandoned.Add(1)
-		p.log.Warn("handler ignores cancellation; abandoning its job to its lease, which a rescuer takes back when it expires",
-			slog.Int64("job_id", j.ID), slog.String("kind", j.Kind), slog.Int64("lease_token", j.Token))
-		p.forget(j)
-		p.outcomes.Done()
-	}
-}
-
-// watchStalls logs, once per StallInterval, handlers that keep running after their lease ended:
-// they keep their slot (a goroutine cannot be killed) but can no longer write.
-func (p *Pool) watchStalls(ctx context.Context) {
-	t := time.NewTicker(p.cfg.StallInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		now := time.Now()
-		var n int64
-		p.runningMu.Lock()
-		for _, j := range p.running {
-			cause := j.lease.Cause()
-			if cause == nil || j.lease.Finishing() {
-				continue
-			}
-			if j.stallSeen.IsZero() {
-				j.stallSeen = now
-				continue
-			}
-			n++
-			p.log.Warn("handler still running after its lease ended; it holds a slot but cannot write",
-				slog.Int64("job_id", j.ID), slog.String("kind", j.Kind), slog.Any("cause", cause),
-				slog.Duration("since", now.Sub(j.stallSeen)))
-		}
-		p.runningMu.Unlock()
-		p.metrics.Stalled.Store(n)
 	}
 }

@@ -343,13 +343,10 @@ func TestNotificationAloneStartsJob(t *testing.T) {
 	p, b := setup(t, nil, cfg, map[string]pool.Handler{"noop": noop()})
 	start(t, p)
 	waitFor(t, 10*time.Second, p.ListenerConnected)
-	// The first claim pass ran at start on an empty table; only a notification can wake it now.
-	began := time.Now()
+	// The first claim pass ran at start on an empty table; the next poll is a minute away, so
+	// only the notification can start the job within the wait.
 	insert(t, b.db, "noop", nil, nil)
 	b.events.wait(t, 1, 20*time.Second)
-	if d := time.Since(began); d > 20*time.Second {
-		t.Fatalf("took %s", d)
-	}
 }
 
 // waitFor polls cond, for states that have no signal of their own.

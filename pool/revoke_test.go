@@ -94,7 +94,9 @@ func TestConsoleNotifyRevokesRunningJob(t *testing.T) {
 		t.Fatalf("event %+v", ev)
 	}
 	var reason string
-	b.db.QueryRow(context.Background(), "SELECT coalesce(revoke_reason, '') FROM leash.jobs WHERE id = $1", id).Scan(&reason)
+	if err := b.db.QueryRow(context.Background(), "SELECT coalesce(revoke_reason, '') FROM leash.jobs WHERE id = $1", id).Scan(&reason); err != nil {
+		t.Fatal(err)
+	}
 	r := getRow(t, b.db, id)
 	if r.State != "cancelled" || !strings.Contains(*r.LastError, "revoked") || !strings.Contains(reason, "NOTIFY") {
 		t.Fatalf("row %+v, reason %q", r, reason)
@@ -118,7 +120,9 @@ func TestRevokeJobRevokesRunningJob(t *testing.T) {
 	}
 	b.events.wait(t, 1, 10*time.Second)
 	var reason string
-	b.db.QueryRow(context.Background(), "SELECT revoke_reason FROM leash.jobs WHERE id = $1", id).Scan(&reason)
+	if err := b.db.QueryRow(context.Background(), "SELECT revoke_reason FROM leash.jobs WHERE id = $1", id).Scan(&reason); err != nil {
+		t.Fatal(err)
+	}
 	if r := getRow(t, b.db, id); r.State != "cancelled" || !r.Revoked || reason != "wrong customer" {
 		t.Fatalf("row %+v reason %q", r, reason)
 	}
@@ -282,10 +286,14 @@ func TestRevokeRacesComplete(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for id := int64(w + 1); id <= n; id += 4 {
+				var err error
 				if id%2 == 0 {
-					db.Exec(context.Background(), "SELECT leash.revoke_job($1, 'race')", id)
+					_, err = db.Exec(context.Background(), "SELECT leash.revoke_job($1, 'race')", id)
 				} else {
-					db.Exec(context.Background(), fmt.Sprintf("NOTIFY job_revoked, '%d'", id))
+					_, err = db.Exec(context.Background(), fmt.Sprintf("NOTIFY job_revoked, '%d'", id))
+				}
+				if err != nil {
+					t.Error(err)
 				}
 			}
 		}()
@@ -295,7 +303,9 @@ func TestRevokeRacesComplete(t *testing.T) {
 	// pool, so wait on the table rather than on events.
 	waitFor(t, 30*time.Second, func() bool {
 		var open int
-		db.QueryRow(context.Background(), "SELECT count(*) FROM leash.jobs WHERE state NOT IN ('completed', 'cancelled', 'failed')").Scan(&open)
+		if err := db.QueryRow(context.Background(), "SELECT count(*) FROM leash.jobs WHERE state NOT IN ('completed', 'cancelled', 'failed')").Scan(&open); err != nil {
+			t.Fatal(err)
+		}
 		return open == 0
 	})
 	_ = b
@@ -309,7 +319,9 @@ func TestRevokeRacesComplete(t *testing.T) {
 		var state string
 		var revoked bool
 		var attempt, count int
-		rows.Scan(&state, &revoked, &attempt, &count)
+		if err := rows.Scan(&state, &revoked, &attempt, &count); err != nil {
+			t.Fatal(err)
+		}
 		seen = append(seen, fmt.Sprintf("%s revoked=%v attempt=%d: %d", state, revoked, attempt, count))
 		switch {
 		case state == "completed" && attempt == 1:

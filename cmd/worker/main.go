@@ -28,8 +28,8 @@ import (
 
 	"github.com/leashq/leash/handlers"
 	"github.com/leashq/leash/internal/metrics"
+	"github.com/leashq/leash/internal/netdial"
 	"github.com/leashq/leash/internal/web"
-	"github.com/leashq/leash/notify"
 	"github.com/leashq/leash/pool"
 )
 
@@ -123,7 +123,7 @@ func connect(ctx context.Context, e env) (*pgxpool.Pool, error) {
 	if !strings.Contains(e.DatabaseURL, "pool_max_conns") {
 		cfg.MaxConns = e.DBMaxConns
 	}
-	cfg.ConnConfig.DialFunc = notify.Dialer().DialContext
+	cfg.ConnConfig.DialFunc = netdial.Dialer().DialContext
 	db, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("open database: %w", err)

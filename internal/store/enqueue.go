@@ -9,13 +9,13 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
-// InsertParams describes one job to enqueue. Zero values take the table defaults.
+// InsertParams describes one job to enqueue, with every default already filled by the caller.
 type InsertParams struct {
 	Queue       string
 	Kind        string
 	Payload     []byte // JSON; nil means {}
 	Priority    int16
-	MaxAttempts int32         // 0 means the table default
+	MaxAttempts int32
 	RunAt       time.Time     // zero means now (database clock)
 	Delay       time.Duration // added to now (database clock) when RunAt is zero
 	Timeout     time.Duration // limit for one attempt; 0 means the kind's default
@@ -32,8 +32,8 @@ func Insert(ctx context.Context, db DBTX, p InsertParams) (int64, error) {
 	var id int64
 	err := db.QueryRow(ctx, `
 		INSERT INTO leash.jobs (queue, kind, payload, priority, max_attempts, run_at, timeout)
-		VALUES (coalesce(nullif($1, ''), 'default'), $2, coalesce($3::jsonb, '{}'), $4,
-		        coalesce(nullif($5, 0), 20), coalesce($6, now() + $7 * interval '1 millisecond'),
+		VALUES ($1, $2, coalesce($3::jsonb, '{}'), $4,
+		        $5, coalesce($6, now() + $7 * interval '1 millisecond'),
 		        nullif($8, 0) * interval '1 millisecond')
 		RETURNING id`,
 		p.Queue, p.Kind, nullJSON(p.Payload), p.Priority, p.MaxAttempts, runAt, millis(p.Delay), millis(p.Timeout),
@@ -74,19 +74,11 @@ func InsertMany(ctx context.Context, db CopyDB, ps []InsertParams) (int64, error
 		cols = append(cols, "timeout")
 	}
 	row := func(p *InsertParams) []any {
-		q := p.Queue
-		if q == "" {
-			q = "default"
-		}
 		payload := p.Payload
 		if payload == nil {
 			payload = []byte("{}")
 		}
-		ma := p.MaxAttempts
-		if ma == 0 {
-			ma = 20
-		}
-		r := []any{q, p.Kind, string(payload), p.Priority, ma}
+		r := []any{p.Queue, p.Kind, string(payload), p.Priority, p.MaxAttempts}
 		if timeouts {
 			r = append(r, pgtype.Interval{Microseconds: p.Timeout.Microseconds(), Valid: p.Timeout > 0})
 		}

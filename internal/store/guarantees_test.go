@@ -14,6 +14,17 @@ import (
 	"github.com/leashq/leash/internal/store"
 )
 
+// jp fills what pool.Insert fills before calling the store: the queue and max_attempts defaults.
+func jp(p store.InsertParams) store.InsertParams {
+	if p.Queue == "" {
+		p.Queue = "default"
+	}
+	if p.MaxAttempts == 0 {
+		p.MaxAttempts = 20
+	}
+	return p
+}
+
 func exec(t *testing.T, db store.DBTX, sql string, args ...any) {
 	t.Helper()
 	if _, err := db.Exec(context.Background(), sql, args...); err != nil {
@@ -48,7 +59,7 @@ func TestRevokedJobNeverRunnableAgain(t *testing.T) {
 	ctx := context.Background()
 	db := pgtest.Pool(t)
 	for _, outcome := range []string{"retryable", "available", "failed"} {
-		id, err := store.Insert(ctx, db, store.InsertParams{Kind: "k"})
+		id, err := store.Insert(ctx, db, jp(store.InsertParams{Kind: "k"}))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -66,7 +77,7 @@ func TestRevokedJobNeverRunnableAgain(t *testing.T) {
 		}
 	}
 	// A plain UPDATE by an older worker.
-	id, _ := store.Insert(ctx, db, store.InsertParams{Kind: "k"})
+	id, _ := store.Insert(ctx, db, jp(store.InsertParams{Kind: "k"}))
 	j := claimOne(t, db, time.Minute)
 	exec(t, db, `UPDATE leash.jobs SET revoked_at = now() WHERE id = $1`, id)
 	exec(t, db, `UPDATE leash.jobs SET state = 'retryable', lease_token = NULL, leased_by = NULL, lease_expires_at = NULL WHERE id = $1 AND lease_token = $2`, id, j.Token)
@@ -74,7 +85,7 @@ func TestRevokedJobNeverRunnableAgain(t *testing.T) {
 		t.Fatalf("old-style retry of a revoked job left it %s", st)
 	}
 	// A completion still stands.
-	id, _ = store.Insert(ctx, db, store.InsertParams{Kind: "k"})
+	id, _ = store.Insert(ctx, db, jp(store.InsertParams{Kind: "k"}))
 	j = claimOne(t, db, time.Minute)
 	exec(t, db, `UPDATE leash.jobs SET revoked_at = now() WHERE id = $1`, id)
 	ws, err := store.Finish(ctx, db, []store.Outcome{{ID: id, Token: j.Token, State: "completed"}})
@@ -119,7 +130,7 @@ func TestFinishStoresHostileText(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.Pool(t)
-	id, _ := store.Insert(ctx, db, store.InsertParams{Kind: "k"})
+	id, _ := store.Insert(ctx, db, jp(store.InsertParams{Kind: "k"}))
 	j := claimOne(t, db, time.Minute)
 	msg := "500: body \x00 with NUL, \xff\xfe bad bytes, and \\u0000 as text " + strings.Repeat("é", 20000)
 	reason := "why\x00 \xc3"
@@ -151,7 +162,7 @@ func TestRenewSkipsLockedRows(t *testing.T) {
 	db := pgtest.Pool(t)
 	var held []store.ClaimedJob
 	for range 3 {
-		store.Insert(ctx, db, store.InsertParams{Kind: "k"})
+		store.Insert(ctx, db, jp(store.InsertParams{Kind: "k"}))
 		held = append(held, claimOne(t, db, time.Minute))
 	}
 	tx, err := db.Begin(ctx)
@@ -198,7 +209,7 @@ func TestFenceAndCompleteTxRefuseRevoked(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.Pool(t)
-	id, _ := store.Insert(ctx, db, store.InsertParams{Kind: "k"})
+	id, _ := store.Insert(ctx, db, jp(store.InsertParams{Kind: "k"}))
 	j := claimOne(t, db, time.Minute)
 	store.Revoke(ctx, db, id, "")
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error { return store.Fence(ctx, tx, id, j.Token) })
@@ -241,10 +252,10 @@ func TestEveryNotifyGuarded(t *testing.T) {
 	defer listener.Close(ctx)
 	exec(t, listener, "LISTEN job_available; LISTEN job_revoked; LISTEN test_done")
 
-	var ids []int64
 	for range 4 {
-		id, _ := store.Insert(ctx, full, store.InsertParams{Kind: "k"})
-		ids = append(ids, id)
+		if _, err := store.Insert(ctx, full, jp(store.InsertParams{Kind: "k"})); err != nil {
+			t.Fatal(err)
+		}
 	}
 	var jobs []store.ClaimedJob
 	for range 4 {

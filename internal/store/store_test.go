@@ -58,7 +58,7 @@ func TestCopySendsOneNotificationPerQueue(t *testing.T) {
 	got := notifications(t, url, func(conn *pgx.Conn) {
 		ps := make([]store.InsertParams, 10000)
 		for i := range ps {
-			ps[i] = store.InsertParams{Kind: "noop", Queue: []string{"a", "b"}[i%2]}
+			ps[i] = jp(store.InsertParams{Kind: "noop", Queue: []string{"a", "b"}[i%2]})
 		}
 		if n, err := store.InsertMany(context.Background(), conn, ps); err != nil || n != 10000 {
 			t.Fatalf("copy: %d, %v", n, err)
@@ -74,10 +74,10 @@ func TestScheduledInsertDoesNotNotify(t *testing.T) {
 	url := pgtest.URL(t)
 	got := notifications(t, url, func(conn *pgx.Conn) {
 		ctx := context.Background()
-		if _, err := store.Insert(ctx, conn, store.InsertParams{Kind: "k", Delay: time.Hour}); err != nil {
+		if _, err := store.Insert(ctx, conn, jp(store.InsertParams{Kind: "k", Delay: time.Hour})); err != nil {
 			t.Fatal(err)
 		}
-		ps := []store.InsertParams{{Kind: "k", Delay: time.Hour}, {Kind: "k", Queue: "now"}}
+		ps := []store.InsertParams{jp(store.InsertParams{Kind: "k", Delay: time.Hour}), jp(store.InsertParams{Kind: "k", Queue: "now"})}
 		if _, err := store.InsertMany(ctx, conn, ps); err != nil {
 			t.Fatal(err)
 		}
@@ -107,13 +107,13 @@ func TestQueueUsageGuard(t *testing.T) {
 		if _, err := conn.Exec(ctx, "SET search_path = shim, pg_catalog, public"); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := store.Insert(ctx, conn, store.InsertParams{Kind: "k", Queue: "full"}); err != nil {
+		if _, err := store.Insert(ctx, conn, jp(store.InsertParams{Kind: "k", Queue: "full"})); err != nil {
 			t.Fatalf("insert must not fail when the queue is full: %v", err)
 		}
 		if _, err := conn.Exec(ctx, "RESET search_path"); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := store.Insert(ctx, conn, store.InsertParams{Kind: "k", Queue: "fine"}); err != nil {
+		if _, err := store.Insert(ctx, conn, jp(store.InsertParams{Kind: "k", Queue: "fine"})); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -167,8 +167,8 @@ func TestRevokeJob(t *testing.T) {
 	t.Parallel()
 	db := pgtest.Pool(t)
 	ctx := context.Background()
-	queued, _ := store.Insert(ctx, db, store.InsertParams{Kind: "k"})
-	running, _ := store.Insert(ctx, db, store.InsertParams{Kind: "k", Queue: "r"})
+	queued, _ := store.Insert(ctx, db, jp(store.InsertParams{Kind: "k"}))
+	running, _ := store.Insert(ctx, db, jp(store.InsertParams{Kind: "k", Queue: "r"}))
 	if _, err := store.Claim(ctx, db, store.ClaimParams{Queues: []string{"r"}, Limit: 1, WorkerID: "w", Lease: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
@@ -187,7 +187,7 @@ func TestRevokeJob(t *testing.T) {
 		t.Fatalf("queued %s, running %s", qs, rs)
 	}
 	// A plain UPDATE of revoked_at cancels a queued job just the same.
-	other, _ := store.Insert(ctx, db, store.InsertParams{Kind: "k"})
+	other, _ := store.Insert(ctx, db, jp(store.InsertParams{Kind: "k"}))
 	db.Exec(ctx, "UPDATE leash.jobs SET revoked_at = now() WHERE id = $1", other)
 	db.QueryRow(ctx, "SELECT state FROM leash.jobs WHERE id = $1", other).Scan(&qs)
 	if qs != "cancelled" {
@@ -204,7 +204,7 @@ func TestRevokeJobGrantedToOperatorOnly(t *testing.T) {
 	db := pgtest.Pool(t)
 	ctx := context.Background()
 	role := fmt.Sprintf("leash_operator_%d", time.Now().UnixNano()%1e9)
-	id, _ := store.Insert(ctx, db, store.InsertParams{Kind: "k"})
+	id, _ := store.Insert(ctx, db, jp(store.InsertParams{Kind: "k"}))
 	conn, err := db.Acquire(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -251,9 +251,9 @@ func TestRescueOutcomes(t *testing.T) {
 	t.Parallel()
 	db := pgtest.Pool(t)
 	ctx := context.Background()
-	retry, _ := store.Insert(ctx, db, store.InsertParams{Kind: "k", MaxAttempts: 5})
-	last, _ := store.Insert(ctx, db, store.InsertParams{Kind: "k", MaxAttempts: 1})
-	revoked, _ := store.Insert(ctx, db, store.InsertParams{Kind: "k", MaxAttempts: 5})
+	retry, _ := store.Insert(ctx, db, jp(store.InsertParams{Kind: "k", MaxAttempts: 5}))
+	last, _ := store.Insert(ctx, db, jp(store.InsertParams{Kind: "k", MaxAttempts: 1}))
+	revoked, _ := store.Insert(ctx, db, jp(store.InsertParams{Kind: "k", MaxAttempts: 5}))
 	if _, err := store.Claim(ctx, db, store.ClaimParams{Queues: []string{"default"}, Limit: 3, WorkerID: "w", Lease: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
@@ -289,7 +289,7 @@ func TestMultiRowWritesDoNotDeadlock(t *testing.T) {
 	for round := range 10 {
 		ps := make([]store.InsertParams, n)
 		for i := range ps {
-			ps[i] = store.InsertParams{Kind: "k", Queue: fmt.Sprintf("r%d", round)}
+			ps[i] = jp(store.InsertParams{Kind: "k", Queue: fmt.Sprintf("r%d", round)})
 		}
 		if _, err := store.InsertMany(ctx, db, ps); err != nil {
 			t.Fatal(err)

@@ -1,4 +1,7 @@
-package notify
+// Package listener holds a worker's one LISTEN connection: it survives disconnects, proves
+// itself alive with self-notifications, re-checks after every reconnect and terminates the
+// server backend of a connection it abandoned. Payloads and channel names are package notify's.
+package listener
 
 import (
 	"cmp"
@@ -8,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,6 +18,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgxlisten"
+	"github.com/leashq/leash/internal/netdial"
+	"github.com/leashq/leash/notify"
 )
 
 // Defaults for Listener.
@@ -31,23 +35,6 @@ const (
 // terminateTimeout bounds the statement that terminates an abandoned backend.
 const terminateTimeout = 10 * time.Second
 
-// ApplicationName is the application_name of the LISTEN connection, so that operators can find
-// it in pg_stat_activity.
-const ApplicationName = "leash-listener"
-
-// keepAlive finds a dead peer within about eleven seconds of silence: 5s idle, then 3 probes 2s
-// apart.
-var keepAlive = net.KeepAliveConfig{Enable: true, Idle: 5 * time.Second, Interval: 2 * time.Second, Count: 3}
-
-// Metrics counts what a Listener saw. All fields are safe for concurrent use.
-type Metrics struct {
-	Received   atomic.Int64 // notifications received on any channel
-	Malformed  atomic.Int64 // job_revoked payloads that did not parse
-	Reconnects atomic.Int64 // connections made after the first
-	PingsLost  atomic.Int64 // liveness pings that did not come back in time
-	Terminated atomic.Int64 // server backends of abandoned connections that were terminated
-}
-
 // Listener holds one LISTEN connection for job_available and job_revoked, reconnecting after
 // ReconnectDelay when it breaks and forcing a reconnect when its own periodic ping does not come
 // back (a half-open connection). Callbacks run on the listener's goroutine and must not block.
@@ -56,7 +43,7 @@ type Listener struct {
 	// is kept; when it returns a *net.TCPConn, TCP keepalive on that connection is tuned to find
 	// a dead peer in seconds (replacing whatever keepalive the DialFunc set), since the LISTEN
 	// connection sits idle for hours. A Config without connect_timeout gets
-	// ConnectTimeoutDefault. application_name is set to ApplicationName.
+	// ConnectTimeoutDefault. application_name is set to notify.ApplicationName.
 	Config *pgx.ConnConfig
 	// ReconnectDelay is the wait between connection attempts. Default ReconnectDelayDefault.
 	ReconnectDelay time.Duration
@@ -82,12 +69,12 @@ type Listener struct {
 	// OnAvailable is called with the queue name of a job_available notification.
 	OnAvailable func(queue string)
 	// OnRevoked is called with each well-formed job_revoked payload.
-	OnRevoked func(Revocation)
+	OnRevoked func(notify.Revocation)
 	// OnConnect is called after each successful connect, once LISTEN is in effect on every
 	// channel: whatever was missed while disconnected can be re-checked then.
 	OnConnect func()
 	// Metrics, when set, is updated as notifications arrive.
-	Metrics *Metrics
+	Metrics *notify.Metrics
 
 	log         *slog.Logger
 	connected   atomic.Bool
@@ -116,13 +103,6 @@ type backend struct {
 // Connected reports whether the listener has a live LISTEN connection.
 func (l *Listener) Connected() bool { return l.connected.Load() }
 
-// Dialer returns a net.Dialer with TCP keepalive tuned to detect a dead peer within about ten
-// seconds. The Listener applies the same keepalive to its own connections whatever their
-// DialFunc; Dialer is for the other connections of a worker (its pool).
-func Dialer() *net.Dialer {
-	return &net.Dialer{Timeout: ConnectTimeoutDefault, KeepAliveConfig: keepAlive}
-}
-
 // handler dispatches one channel's notifications and, as a pgxlisten.BacklogHandler, learns when
 // pgxlisten's LISTEN on that channel is in effect.
 type handler struct {
@@ -147,7 +127,7 @@ func (l *Listener) Run(ctx context.Context) error {
 		return errors.New("notify: Listener.Config is nil")
 	}
 	if l.Metrics == nil {
-		l.Metrics = &Metrics{}
+		l.Metrics = &notify.Metrics{}
 	}
 	l.log = l.Logger
 	if l.log == nil {
@@ -175,15 +155,15 @@ func (l *Listener) Run(ctx context.Context) error {
 		pl.Handle(channel, handler{l: l, fn: fn})
 		l.channels++
 	}
-	handle(ChannelJobAvailable, func(_ context.Context, n *pgconn.Notification) {
+	handle(notify.ChannelJobAvailable, func(_ context.Context, n *pgconn.Notification) {
 		l.Metrics.Received.Add(1)
 		if l.OnAvailable != nil {
 			l.OnAvailable(n.Payload)
 		}
 	})
-	handle(ChannelJobRevoked, func(ctx context.Context, n *pgconn.Notification) {
+	handle(notify.ChannelJobRevoked, func(ctx context.Context, n *pgconn.Notification) {
 		l.Metrics.Received.Add(1)
-		r, err := ParseRevocation(n.Payload)
+		r, err := notify.ParseRevocation(n.Payload)
 		if err != nil {
 			l.Metrics.Malformed.Add(1)
 			// At most one log line per second; the counter keeps the total.
@@ -262,8 +242,8 @@ func (l *Listener) connect(runCtx, sess context.Context) (*pgx.Conn, error) {
 	if cfg.RuntimeParams == nil {
 		cfg.RuntimeParams = map[string]string{}
 	}
-	cfg.RuntimeParams["application_name"] = ApplicationName
-	cfg.DialFunc = keepAliveDial(cfg.DialFunc)
+	cfg.RuntimeParams["application_name"] = notify.ApplicationName
+	cfg.DialFunc = netdial.WithKeepAlive(cfg.DialFunc)
 	if cfg.ConnectTimeout == 0 {
 		cfg.ConnectTimeout = ConnectTimeoutDefault
 	}
@@ -326,7 +306,7 @@ func (l *Listener) terminateAbandoned(ctx context.Context, pid int32, start time
 	var ok bool
 	err := l.QueryRow(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
 		WHERE pid = $1::int4 AND backend_start = $2::timestamptz AND application_name = $3::text`,
-		pid, start, ApplicationName).Scan(&ok)
+		pid, start, notify.ApplicationName).Scan(&ok)
 	attrs := []any{slog.Int("pid", int(pid)), slog.Time("backend_start", start)}
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
@@ -342,29 +322,6 @@ func (l *Listener) terminateAbandoned(ctx context.Context, pid int32, start time
 		return true
 	}
 	return false
-}
-
-// keepAliveDial wraps dial (nil: a plain net.Dialer) so that a TCP connection it returns gets
-// keepalive tuned to find a dead peer within seconds. The DialFunc itself is kept, not replaced,
-// because it may do what a stock dialer cannot (a tunnel, a custom resolver, a test proxy), and
-// pgx's default one (which also carries connect_timeout) cannot be told apart from a user's.
-// Only its result is tuned: pgx's default leaves Go's keepalive (about 2.5 minutes to notice),
-// too slow for a connection that sits idle waiting for notifications. A connection that is not
-// a *net.TCPConn (a Unix socket, a wrapped conn) is used as it is.
-func keepAliveDial(dial pgconn.DialFunc) pgconn.DialFunc {
-	if dial == nil {
-		dial = (&net.Dialer{}).DialContext
-	}
-	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		c, err := dial(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		if tc, ok := c.(*net.TCPConn); ok {
-			_ = tc.SetKeepAliveConfig(keepAlive) // best effort: pings still find a dead peer
-		}
-		return c, nil
-	}
 }
 
 func (l *Listener) pingLoop(ctx context.Context) {

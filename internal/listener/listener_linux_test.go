@@ -1,4 +1,4 @@
-package notify_test
+package listener_test
 
 import (
 	"context"
@@ -9,8 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/leashq/leash/internal/listener"
 	"github.com/leashq/leash/internal/pgtest"
-	"github.com/leashq/leash/notify"
 )
 
 // A DialFunc in the Config is kept, and the TCP connection it returns gets the tuned keepalive.
@@ -30,7 +30,7 @@ func TestUserDialFuncKeptWithTunedKeepalive(t *testing.T) {
 		return c, err
 	}
 	connects := make(chan struct{}, 1)
-	l := &notify.Listener{Config: cfg, PingInterval: -1, OnConnect: func() { connects <- struct{}{} }}
+	l := &listener.Listener{Config: cfg, PingInterval: -1, OnConnect: func() { connects <- struct{}{} }}
 	run(t, l)
 	recv(t, connects, "connect")
 	tc := dialed.Load()

@@ -1,4 +1,4 @@
-package notify_test
+package listener_test
 
 import (
 	"context"
@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/leashq/leash/internal/faultproxy"
+	"github.com/leashq/leash/internal/listener"
 	"github.com/leashq/leash/internal/pgtest"
 	"github.com/leashq/leash/notify"
 )
@@ -49,7 +50,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 }
 
 // run runs l until the test ends.
-func run(t *testing.T, l *notify.Listener) {
+func run(t *testing.T, l *listener.Listener) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -130,7 +131,7 @@ func TestOnConnectAfterEveryListen(t *testing.T) {
 	revoked := make(chan notify.Revocation, 10)
 	var n atomic.Int64
 	m := &notify.Metrics{}
-	l := &notify.Listener{
+	l := &listener.Listener{
 		Config: cfg, ReconnectDelay: 50 * time.Millisecond, PingInterval: -1,
 		Notify: notifyVia(db), QueryRow: db.QueryRow, Metrics: m,
 		OnAvailable: func(q string) { avail <- q },
@@ -230,7 +231,7 @@ func TestHalfOpenTerminatesOldBackend(t *testing.T) {
 	connects := make(chan struct{}, 10)
 	avail := make(chan string, 10)
 	m := &notify.Metrics{}
-	l := &notify.Listener{
+	l := &listener.Listener{
 		Config: cfg, ReconnectDelay: 50 * time.Millisecond,
 		PingInterval: 100 * time.Millisecond, PingTimeout: time.Second,
 		Notify: notifyVia(db), QueryRow: db.QueryRow, Metrics: m,
@@ -303,7 +304,7 @@ func TestTerminateMatchesPIDStartAndName(t *testing.T) {
 	victim, pid, start := open(notify.ApplicationName)
 	_, otherPID, otherStart := open("someone-else")
 	m := &notify.Metrics{}
-	l := &notify.Listener{QueryRow: db.QueryRow, Metrics: m}
+	l := &listener.Listener{QueryRow: db.QueryRow, Metrics: m}
 
 	if l.TerminateAbandoned(ctx, pid, start.Add(time.Microsecond)) {
 		t.Error("terminated a backend whose backend_start differs (a reused pid)")

@@ -1,9 +1,11 @@
-package notify
+package listener
 
 import (
 	"context"
 	"log/slog"
 	"time"
+
+	"github.com/leashq/leash/notify"
 )
 
 // TerminateAbandoned exposes terminateAbandoned to the external tests.
@@ -12,7 +14,7 @@ func (l *Listener) TerminateAbandoned(ctx context.Context, pid int32, backendSta
 		l.log = slog.New(slog.DiscardHandler)
 	}
 	if l.Metrics == nil {
-		l.Metrics = &Metrics{}
+		l.Metrics = &notify.Metrics{}
 	}
 	return l.terminateAbandoned(ctx, pid, backendStart)
 }

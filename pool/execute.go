@@ -1,0 +1,140 @@
+package pool
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"time"
+
+	"github.com/leashq/leash/internal/store"
+	"github.com/leashq/leash/lease"
+)
+
+// execute runs the handler and queues its outcome. It never returns an error: a failing job is
+// not a failing pool.
+func (p *Pool) execute(ctx context.Context, j *Job) {
+	err := p.call(ctx, j)
+	j.lease.MarkFinishing()
+	dur := time.Since(j.started)
+	if !j.settled.CompareAndSwap(false, true) {
+		// Abandoned at shutdown while this handler ignored its context; a rescuer settles it.
+		p.log.Warn("handler returned after its job was abandoned at shutdown; result dropped",
+			slog.Int64("job_id", j.ID), slog.Any("err", err))
+		return
+	}
+	defer p.outcomes.Done()
+	out, write := decide(j.ID, j.Token, p.cfg.ID, ending{err: err, cause: j.lease.Cause(), attempt: j.Attempt,
+		maxAttempts: j.MaxAttempts, backoff: p.cfg.RetryBackoff})
+	if !write {
+		p.log.Info("handler stopped after losing its lease", slog.Int64("job_id", j.ID),
+			slog.Int64("lease_token", j.Token), slog.Any("err", err))
+		p.observe(j, "", dur, false)
+		p.forget(j)
+		return
+	}
+	p.finishCh <- finishItem{out: out, job: j, dur: dur}
+}
+
+func (p *Pool) call(ctx context.Context, j *Job) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			p.metrics.Panics.Add(1)
+			err = &PanicError{Value: r, Stack: string(debug.Stack())}
+			p.log.Error("handler panicked", slog.Int64("job_id", j.ID), slog.String("kind", j.Kind),
+				slog.String("panic", store.CleanText(fmt.Sprint(r), 1024)))
+		}
+	}()
+	p.handlersMu.RLock()
+	h, ok := p.handlers[j.Kind]
+	p.handlersMu.RUnlock()
+	if !ok {
+		return Permanent(fmt.Errorf("no handler registered for kind %q on worker %s", j.Kind, p.cfg.ID))
+	}
+	return h.Handle(ctx, j)
+}
+
+func (p *Pool) observe(j *Job, state string, dur time.Duration, stale bool) {
+	if p.cfg.Observer == nil {
+		return
+	}
+	p.cfg.Observer.JobFinished(JobEvent{Queue: j.Queue, Kind: j.Kind, State: state, Duration: dur,
+		Pickup: j.pickup(), Stale: stale})
+}
+
+// drain waits for running handlers until grace is done, then cancels them with ErrShutdown;
+// their own outcomes hand the jobs back. A handler that still does not return is abandoned: its
+// lease is no longer renewed and a rescuer takes the job back once it expires (the attempt
+// counted, since it may still be doing the job's work). Handing it back at once would let
+// another worker run it beside the one that never stopped.
+func (p *Pool) drain(grace context.Context) {
+	all := make(chan struct{})
+	go func() { p.group.Wait(); close(all) }()
+	select {
+	case <-all:
+		return
+	case <-grace.Done():
+	}
+	p.runningMu.Lock()
+	jobs := make([]*Job, 0, len(p.running))
+	for _, j := range p.running {
+		jobs = append(jobs, j)
+	}
+	p.runningMu.Unlock()
+	if len(jobs) > 0 {
+		p.log.Warn("shutdown grace period over; cancelling running jobs", slog.Int("jobs", len(jobs)))
+	}
+	for _, j := range jobs {
+		if !j.lease.Finishing() {
+			j.lease.End(lease.ErrShutdown)
+		}
+	}
+	select {
+	case <-all:
+		return
+	case <-time.After(p.cfg.ShutdownStallWait):
+	}
+	for _, j := range jobs {
+		if !j.settled.CompareAndSwap(false, true) {
+			continue // it returned and queues its own outcome
+		}
+		p.metrics.Abandoned.Add(1)
+		p.log.Warn("handler ignores cancellation; abandoning its job to its lease, which a rescuer takes back when it expires",
+			slog.Int64("job_id", j.ID), slog.String("kind", j.Kind), slog.Int64("lease_token", j.Token))
+		p.forget(j)
+		p.outcomes.Done()
+	}
+}
+
+// watchStalls logs, once per StallInterval, handlers that keep running after their lease ended:
+// they keep their slot (a goroutine cannot be killed) but can no longer write.
+func (p *Pool) watchStalls(ctx context.Context) {
+	t := time.NewTicker(p.cfg.StallInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		now := time.Now()
+		var n int64
+		p.runningMu.Lock()
+		for _, j := range p.running {
+			cause := j.lease.Cause()
+			if cause == nil || j.lease.Finishing() {
+				continue
+			}
+			if j.stallSeen.IsZero() {
+				j.stallSeen = now
+				continue
+			}
+			n++
+			p.log.Warn("handler still running after its lease ended; it holds a slot but cannot write",
+				slog.Int64("job_id", j.ID), slog.String("kind", j.Kind), slog.Any("cause", cause),
+				slog.Duration("since", now.Sub(j.stallSeen)))
+		}
+		p.runningMu.Unlock()
+		p.metrics.Stalled.Store(n)
+	}
+}
