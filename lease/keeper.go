@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -119,8 +118,11 @@ type DB interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// Keeper holds every lease of one worker and renews them all in one statement per heartbeat.
+// Keeper renews every lease of one worker in one statement per heartbeat. It keeps no registry
+// of its own: it renews what its leases function returns (the worker's running jobs), so that
+// each claim is registered in exactly one place.
 type Keeper struct {
+	leases  func() []*Lease
 	db      DB
 	cfg     Config
 	log     *slog.Logger
@@ -129,28 +131,27 @@ type Keeper struct {
 	recheck atomic.Bool // the pending kick is a re-check after a reconnect
 	healthy atomic.Bool
 	skipped atomic.Bool // the last renewal skipped rows locked by other transactions
-
-	mu   sync.Mutex
-	held map[int64]*Lease // by token
 }
 
-// NewKeeper returns a Keeper renewing through db. cfg is filled with defaults and must be valid.
-func NewKeeper(db DB, cfg Config, log *slog.Logger, metrics *Metrics) *Keeper {
+// NewKeeper returns a Keeper renewing, through db, the leases that leases returns at each
+// heartbeat. cfg is filled with defaults and must be valid.
+func NewKeeper(db DB, cfg Config, leases func() []*Lease, log *slog.Logger, metrics *Metrics) *Keeper {
 	if log == nil {
 		log = discard
 	}
 	if metrics == nil {
 		metrics = &Metrics{}
 	}
-	k := &Keeper{db: db, cfg: cfg.WithDefaults(), log: log, metrics: metrics,
-		kick: make(chan struct{}, 1), held: map[int64]*Lease{}}
+	k := &Keeper{leases: leases, db: db, cfg: cfg.WithDefaults(), log: log, metrics: metrics,
+		kick: make(chan struct{}, 1)}
 	k.healthy.Store(true)
 	return k
 }
 
-// Hold starts supervising a claim made by a statement sent at sentAt (taken before sending, on
-// the monotonic clock). It returns the job's context, derived from parent and cancelled with the
-// lease's cause when the lease ends.
+// Hold makes the lease of a claim made by a statement sent at sentAt (taken before sending, on
+// the monotonic clock), its trust timer running. It returns the job's context, derived from
+// parent and cancelled with the lease's cause when the lease ends. The caller registers it
+// where the Keeper's leases function finds it.
 func (k *Keeper) Hold(parent context.Context, jobID, token int64, sentAt time.Time) (context.Context, *Lease) {
 	ctx, cancel := context.WithCancelCause(parent)
 	window := k.cfg.Duration - k.cfg.SafetyMargin
@@ -159,9 +160,6 @@ func (k *Keeper) Hold(parent context.Context, jobID, token int64, sentAt time.Ti
 	// Armed only once assigned, so that expire always sees the timer.
 	l.timer = time.AfterFunc(time.Duration(math.MaxInt64), l.expire)
 	l.timer.Reset(time.Until(l.trustedUntil))
-	k.mu.Lock()
-	k.held[token] = l
-	k.mu.Unlock()
 	return ctx, l
 }
 
@@ -175,49 +173,15 @@ func (k *Keeper) ended(l *Lease, cause error) {
 	}
 }
 
-// Release stops supervising l (its outcome is written or its lease is gone). The job's context
-// is cancelled, without a cause of its own if the lease had none.
+// Release stops l's trust timer once its outcome is written or its lease is gone (the caller
+// unregisters it). The job's context is cancelled, without a cause of its own if the lease had
+// none.
 func (k *Keeper) Release(l *Lease) {
-	k.mu.Lock()
-	if k.held[l.Token] == l {
-		delete(k.held, l.Token)
-	}
-	k.mu.Unlock()
+	l.mu.Lock()
+	l.released = true
+	l.mu.Unlock()
 	l.timer.Stop()
 	l.cancel(context.Canceled)
-}
-
-// Get returns the lease held on job id, or nil. With token not zero, only the lease of that
-// claim. Leases are kept by token: this worker may have claimed a job again while an earlier
-// attempt of it (taken over) is still stopping; without a token the lease that has not ended is
-// returned.
-func (k *Keeper) Get(id, token int64) *Lease {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if token != 0 {
-		if l := k.held[token]; l != nil && l.JobID == id {
-			return l
-		}
-		return nil
-	}
-	var found *Lease
-	for _, l := range k.held {
-		if l.JobID == id && (found == nil || l.Cause() == nil) {
-			found = l
-		}
-	}
-	return found
-}
-
-// Held returns the leases currently held.
-func (k *Keeper) Held() []*Lease {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	out := make([]*Lease, 0, len(k.held))
-	for _, l := range k.held {
-		out = append(out, l)
-	}
-	return out
 }
 
 // Healthy reports whether the last renewal statement succeeded. A worker whose renewals fail
@@ -268,7 +232,7 @@ func (k *Keeper) Run(ctx context.Context) {
 // rescuer settles the job. The statement never waits on a row lock and is cut off when no lease
 // it carries can be trusted any longer, so a hanging renewal cannot outlive the trust windows.
 func (k *Keeper) RenewOnce(ctx context.Context) error {
-	leases := k.Held()
+	leases := k.leases()
 	ids, tokens := make([]int64, 0, len(leases)), make([]int64, 0, len(leases))
 	live := leases[:0]
 	var latest time.Time

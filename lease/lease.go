@@ -44,6 +44,7 @@ type Lease struct {
 	mu           sync.Mutex
 	trustedUntil time.Time
 	cause        error
+	released     bool // settled and no longer supervised: no renewal revives its timer
 }
 
 // EnsureActive returns nil while the lease is safe for writes, and its cause once it is not.
@@ -95,9 +96,11 @@ func (l *Lease) End(cause error) bool {
 	return true
 }
 
-// MarkFinishing marks that the handler has returned and its outcome is being written: a renewal
-// that no longer finds the lease is then expected, not a loss.
-func (l *Lease) MarkFinishing() { l.finishing.Store(true) }
+// MarkFinishing marks that the attempt is being settled (its handler returned and its outcome
+// is being written, or the worker gave up on it): a renewal that no longer finds the lease is
+// then expected, not a loss. It reports whether this call marked it, so that exactly one party
+// settles an attempt.
+func (l *Lease) MarkFinishing() bool { return l.finishing.CompareAndSwap(false, true) }
 
 // Finishing reports whether MarkFinishing was called.
 func (l *Lease) Finishing() bool { return l.finishing.Load() }
@@ -106,8 +109,11 @@ func (l *Lease) Finishing() bool { return l.finishing.Load() }
 // on in the meantime.
 func (l *Lease) expire() {
 	l.mu.Lock()
-	until := l.trustedUntil
+	until, released := l.trustedUntil, l.released
 	l.mu.Unlock()
+	if released {
+		return
+	}
 	if d := time.Until(until); d > 0 {
 		l.timer.Reset(d)
 		return
@@ -119,7 +125,7 @@ func (l *Lease) expire() {
 func (l *Lease) confirm(sentAt time.Time) {
 	until := sentAt.Add(l.window)
 	l.mu.Lock()
-	if l.cause != nil || !until.After(l.trustedUntil) {
+	if l.cause != nil || l.released || !until.After(l.trustedUntil) {
 		l.mu.Unlock()
 		return
 	}

@@ -110,10 +110,10 @@ func (p *Pool) forget(j *Job) {
 	if j.timer != nil {
 		j.timer.Stop()
 	}
-	p.keeper.Release(j.lease)
 	p.runningMu.Lock()
 	if p.running[j.Token] == j {
 		delete(p.running, j.Token)
 	}
 	p.runningMu.Unlock()
+	p.keeper.Release(j.lease)
 }

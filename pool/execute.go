@@ -15,9 +15,8 @@ import (
 // not a failing pool.
 func (p *Pool) execute(ctx context.Context, j *Job) {
 	err := p.call(ctx, j)
-	j.lease.MarkFinishing()
 	dur := time.Since(j.started)
-	if !j.settled.CompareAndSwap(false, true) {
+	if !j.lease.MarkFinishing() {
 		// Abandoned at shutdown while this handler ignored its context; a rescuer settles it.
 		p.log.Warn("handler returned after its job was abandoned at shutdown; result dropped",
 			slog.Int64("job_id", j.ID), slog.Any("err", err))
@@ -95,7 +94,7 @@ func (p *Pool) drain(grace context.Context) {
 	case <-time.After(p.cfg.ShutdownStallWait):
 	}
 	for _, j := range jobs {
-		if !j.settled.CompareAndSwap(false, true) {
+		if !j.lease.MarkFinishing() {
 			continue // it returned and queues its own outcome
 		}
 		p.metrics.Abandoned.Add(1)

@@ -44,9 +44,6 @@ type Job struct {
 	started   time.Time
 	stallSeen time.Time
 	timer     *time.Timer // the attempt's timeout, if any
-	// settled is taken by whoever settles the attempt: the handler's own return, or the
-	// shutdown that abandons a handler ignoring cancellation.
-	settled atomic.Bool
 }
 
 // Lease is this claim's lease: EnsureActive before side effects outside the database.

@@ -87,7 +87,7 @@ type Pool struct {
 	outcomes sync.WaitGroup
 
 	runningMu sync.Mutex
-	running   map[int64]*Job // by lease token: a job may be claimed again while an old attempt stops
+	running   map[int64]*Job // every running attempt, by lease token; the one registry of claims
 
 	started      atomic.Bool
 	shutdownOnce sync.Once
@@ -113,7 +113,7 @@ func New(db *pgxpool.Pool, cfg Config) (*Pool, error) {
 		running: map[int64]*Job{}, shutdownCh: make(chan struct{}), done: make(chan struct{}),
 	}
 	p.startObs, _ = cfg.Observer.(StartObserver)
-	p.keeper = lease.NewKeeper(controlDB{p}, cfg.leaseConfig(), p.log, &p.metrics.Lease)
+	p.keeper = lease.NewKeeper(controlDB{p}, cfg.leaseConfig(), p.leases, p.log, &p.metrics.Lease)
 	p.group.SetLimit(cfg.Concurrency)
 	p.listener = p.newListener()
 	return p, nil
@@ -157,6 +157,38 @@ func (p *Pool) openControl(ctx context.Context) (*pgxpool.Pool, error) {
 		return nil, fmt.Errorf("pool: open control connections: %w", err)
 	}
 	return ctl, nil
+}
+
+// leases returns the leases of the running jobs, for the keeper to renew.
+func (p *Pool) leases() []*lease.Lease {
+	p.runningMu.Lock()
+	defer p.runningMu.Unlock()
+	out := make([]*lease.Lease, 0, len(p.running))
+	for _, j := range p.running {
+		out = append(out, j.lease)
+	}
+	return out
+}
+
+// lookup returns the lease of the running attempt of job id; with token not zero, only that
+// claim's. The same job may be running twice on this worker (claimed again while an attempt
+// that was taken over is stopping): without a token, the lease that has not ended wins.
+func (p *Pool) lookup(id, token int64) *lease.Lease {
+	p.runningMu.Lock()
+	defer p.runningMu.Unlock()
+	if token != 0 {
+		if j := p.running[token]; j != nil && j.ID == id {
+			return j.lease
+		}
+		return nil
+	}
+	var found *lease.Lease
+	for _, j := range p.running {
+		if j.ID == id && (found == nil || j.lease.Cause() == nil) {
+			found = j.lease
+		}
+	}
+	return found
 }
 
 // Register sets the handler for kind. Register before Run; registering a kind twice is an error.

@@ -12,7 +12,7 @@ import (
 // onRevoked handles a job_revoked notification on the listener's goroutine: it must not block,
 // so database work goes to its own goroutine.
 func (p *Pool) onRevoked(r notify.Revocation) {
-	l := p.keeper.Get(r.ID, r.Token)
+	l := p.lookup(r.ID, r.Token)
 	if l == nil || l.Cause() != nil || l.Finishing() {
 		return // not ours, an earlier claim, or already ending
 	}
