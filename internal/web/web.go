@@ -71,8 +71,7 @@ func New(o Options) (http.Handler, error) {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
 	t, err := template.New("").Funcs(template.FuncMap{
-		"age":   fmtAge,
-		"since": func(t time.Time) string { return fmtAge(time.Since(t)) },
+		"age": fmtAge,
 		"deref": func(s *string) string {
 			if s == nil {
 				return ""
@@ -88,7 +87,6 @@ func New(o Options) (http.Handler, error) {
 			}
 			return *s
 		},
-		"seconds": func(d time.Duration) int { return int(d.Seconds()) },
 	}).ParseFS(templates, "templates/*.html")
 	if err != nil {
 		return nil, fmt.Errorf("parse admin templates: %w", err)
