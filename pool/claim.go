@@ -10,27 +10,51 @@ import (
 	"github.com/leashq/leash/internal/store"
 )
 
-// claimLoop claims up to the number of free slots whenever woken, until ctx is done.
+// claimLoop claims up to the number of free slots until ctx is done. While work flows it claims
+// again at once; after an empty claim it polls every IdlePollInterval; once it has found nothing
+// for WaitAfter it registers as waiting (so that inserts notify it), claims once more to close the
+// race with an insert that committed unseen, and then waits for a notification, a freed slot or
+// the PollInterval poll, which bounds that race. It unregisters as soon as it finds work again.
 func (p *Pool) claimLoop(ctx context.Context) {
 	poll := time.NewTimer(p.jitteredPoll())
 	defer poll.Stop()
-	moreLikely := true // the last claim filled every slot it asked for
+	idle := time.NewTimer(time.Hour)
+	idle.Stop()
+	defer idle.Stop()
+	w := &waiting{p: p}
+	defer w.unregister()
+	var idleSince time.Time // zero while work flows
 	for {
 		free := p.cfg.Concurrency - int(p.active.Load())
-		if free > 0 && p.keeper.Healthy() {
+		full, failed := free <= 0, false
+		if !full && p.keeper.Healthy() {
 			n, err := p.claim(ctx, free)
-			if err != nil {
+			switch {
+			case err != nil:
 				if ctx.Err() != nil {
 					return
 				}
 				p.log.WarnContext(ctx, "claiming jobs failed", slog.Any("err", err))
-				moreLikely = false
-			} else {
-				moreLikely = n == free
-				if moreLikely {
-					continue
+				failed = true
+			case n > 0:
+				idleSince = time.Time{}
+				w.unregister()
+				full = n == free
+				if !full {
+					continue // more may be there: claim again at once
 				}
+			case idleSince.IsZero():
+				idleSince = time.Now()
 			}
+		}
+		if !full && !failed && !idleSince.IsZero() && !w.registered && time.Since(idleSince) >= p.cfg.WaitAfter {
+			if w.register(ctx) {
+				continue // claim once more: an insert that did not see the registration is found now
+			}
+		}
+		quick := !full && !failed && !w.registered && !idleSince.IsZero()
+		if quick {
+			idle.Reset(p.cfg.IdlePollInterval)
 		}
 		for waiting := true; waiting; {
 			select {
@@ -39,12 +63,59 @@ func (p *Pool) claimLoop(ctx context.Context) {
 			case <-p.wake:
 				waiting = false
 			case <-p.slotWake:
-				waiting = !moreLikely
+				waiting = false
+			case <-idle.C:
+				waiting = false
 			case <-poll.C:
 				poll.Reset(p.jitteredPoll())
+				if w.registered {
+					w.register(ctx) // refresh before it expires
+				}
 				waiting = false
 			}
 		}
+		if quick {
+			idle.Stop()
+		}
+	}
+}
+
+// waiting is the claim loop's registration as a worker waiting for work.
+type waiting struct {
+	p          *Pool
+	registered bool
+}
+
+// register records (or refreshes) the registration; false when it could not.
+func (w *waiting) register(ctx context.Context) bool {
+	p := w.p
+	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	// Expires three polls from now: refreshed at every poll while waiting, gone soon after the
+	// worker is.
+	err := store.RegisterWaiter(sctx, p.control(), p.waiterID, p.cfg.Queues, 3*p.cfg.PollInterval+time.Second)
+	if err != nil {
+		if ctx.Err() == nil {
+			p.log.WarnContext(ctx, "registering as waiting for work failed; polling instead", slog.Any("err", err))
+		}
+		return false
+	}
+	w.registered = true
+	return true
+}
+
+// unregister removes the registration, if any: a busy worker needs no wake-up.
+func (w *waiting) unregister() {
+	if !w.registered {
+		return
+	}
+	w.registered = false
+	p := w.p
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := store.UnregisterWaiter(ctx, p.control(), p.waiterID); err != nil {
+		// It expires on its own; meanwhile inserts notify a worker that is busy, which is harmless.
+		p.log.Warn("unregistering as waiting for work failed", slog.Any("err", err))
 	}
 }
 

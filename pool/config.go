@@ -20,6 +20,8 @@ const (
 	ConcurrencyDefault       = 100
 	QueueDefault             = "default"
 	PollIntervalDefault      = time.Second
+	IdlePollIntervalDefault  = 5 * time.Millisecond
+	WaitAfterDefault         = 100 * time.Millisecond
 	ShutdownTimeoutDefault   = 30 * time.Second
 	FinishFlushDefault       = 2 * time.Millisecond
 	FinishBatchDefault       = 1000
@@ -51,6 +53,13 @@ type Config struct {
 	// PollInterval between claim attempts when no notification arrives (jittered by ±10%).
 	// Default 1s.
 	PollInterval time.Duration
+	// IdlePollInterval is how often a worker that just ran out of work claims again, until it has
+	// found nothing for WaitAfter. Default 5ms.
+	IdlePollInterval time.Duration
+	// WaitAfter is how long a worker finds nothing before it registers as waiting, so that
+	// inserts wake it with a notification. Busy workers are not registered: inserts into their
+	// queues send no notification and commit without waiting on each other. Default 100ms.
+	WaitAfter time.Duration
 	// ShutdownTimeout is the grace period running jobs get when Run's context is cancelled.
 	// Default 30s.
 	ShutdownTimeout time.Duration
@@ -135,6 +144,8 @@ func (c Config) withDefaults() Config {
 		lc.Duration, lc.HeartbeatInterval, lc.RetryInterval, lc.SafetyMargin
 	c.RescueInterval = cmp.Or(c.RescueInterval, c.HeartbeatInterval)
 	c.PollInterval = cmp.Or(c.PollInterval, PollIntervalDefault)
+	c.IdlePollInterval = cmp.Or(c.IdlePollInterval, IdlePollIntervalDefault)
+	c.WaitAfter = cmp.Or(c.WaitAfter, WaitAfterDefault)
 	c.ShutdownTimeout = cmp.Or(c.ShutdownTimeout, ShutdownTimeoutDefault)
 	c.FinishFlushInterval = cmp.Or(c.FinishFlushInterval, FinishFlushDefault)
 	c.StallInterval = cmp.Or(c.StallInterval, c.LeaseDuration)
@@ -170,6 +181,10 @@ func (c Config) Validate() error {
 		return bad("Concurrency", "must be between 1 and 100000, got %d", c.Concurrency)
 	case c.PollInterval < 10*time.Millisecond:
 		return bad("PollInterval", "must be at least 10ms, got %s", c.PollInterval)
+	case c.IdlePollInterval < time.Millisecond || c.IdlePollInterval > c.PollInterval:
+		return bad("IdlePollInterval", "must be between 1ms and PollInterval (%s), got %s", c.PollInterval, c.IdlePollInterval)
+	case c.WaitAfter < 0 || c.WaitAfter > time.Minute:
+		return bad("WaitAfter", "must be between 0 and 1m, got %s", c.WaitAfter)
 	case c.ShutdownTimeout < 0:
 		return bad("ShutdownTimeout", "must not be negative, got %s", c.ShutdownTimeout)
 	case c.FinishFlushInterval < 0 || c.FinishFlushInterval > time.Second:

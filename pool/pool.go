@@ -6,6 +6,7 @@ package pool
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -80,6 +81,7 @@ type Pool struct {
 	group    errgroup.Group
 	jobsCtx  context.Context
 	marks    chan struct{} // bounds concurrent recordings of notified revocations
+	waiterID string        // this pool's name in leash.waiters
 
 	finishCh chan finishItem
 	// outcomes counts started attempts whose outcome is neither queued for the finisher nor
@@ -113,6 +115,7 @@ func New(db *pgxpool.Pool, cfg Config) (*Pool, error) {
 		running: map[int64]*Job{}, shutdownCh: make(chan struct{}), done: make(chan struct{}),
 	}
 	p.startObs, _ = cfg.Observer.(StartObserver)
+	p.waiterID = cfg.ID + "/" + rand.Text()[:8]
 	p.keeper = lease.NewKeeper(controlDB{p}, cfg.leaseConfig(), p.leases, p.log, &p.metrics.Lease)
 	p.group.SetLimit(cfg.Concurrency)
 	p.listener = p.newListener()

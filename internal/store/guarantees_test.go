@@ -293,3 +293,61 @@ func TestEveryNotifyGuarded(t *testing.T) {
 		t.Errorf("notification sent despite a full queue: %s %s", n.Channel, n.Payload)
 	}
 }
+
+// Inserts notify only queues a live worker waits on: none when nobody waits, none for a
+// registration that expired (a dead worker), one per waited-on queue per statement otherwise.
+func TestInsertNotifiesOnlyWaitedQueues(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	ctx := context.Background()
+	db := pgtest.PoolFor(t, url)
+	listener, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer listener.Close(ctx)
+	exec(t, listener, "LISTEN job_available; LISTEN test_done")
+	insert := func(queue string) {
+		if _, err := store.Insert(ctx, db, jp(store.InsertParams{Kind: "k", Queue: queue})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	insert("nobody") // no waiter at all
+	if err := store.RegisterWaiter(ctx, db, "w1", []string{"busy", "idle"}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.UnregisterWaiter(ctx, db, "w1"); err != nil {
+		t.Fatal(err)
+	}
+	insert("busy") // its worker found work and unregistered
+	exec(t, db, `INSERT INTO leash.waiters VALUES ('dead', 'gone', now() - interval '1 second')`)
+	insert("dead") // registration expired
+	if err := store.RegisterWaiter(ctx, db, "w2", []string{"idle"}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	insert("idle")
+	ps := make([]store.InsertParams, 1000)
+	for i := range ps {
+		ps[i] = jp(store.InsertParams{Kind: "k", Queue: []string{"idle", "nobody"}[i%2]})
+	}
+	if _, err := store.InsertMany(ctx, db, ps); err != nil {
+		t.Fatal(err)
+	}
+	exec(t, db, "NOTIFY test_done")
+	var got []string
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	for {
+		n, err := listener.WaitForNotification(wctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n.Channel == "test_done" {
+			break
+		}
+		got = append(got, n.Payload)
+	}
+	if strings.Join(got, ",") != "idle,idle" {
+		t.Fatalf("notifications %v, want [idle idle] (one insert, one COPY)", got)
+	}
+}

@@ -15,8 +15,9 @@ import (
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
-// notifications collects what a LISTEN connection receives up to a sentinel notification sent
-// afterwards from the same session as the inserts (delivery follows commit order).
+// notifications collects what a LISTEN connection receives, with a worker registered as waiting
+// on the queues the tests use, up to a sentinel notification sent afterwards from the same
+// session as the inserts (delivery follows commit order).
 func notifications(t *testing.T, url string, do func(conn *pgx.Conn)) []string {
 	t.Helper()
 	ctx := context.Background()
@@ -33,6 +34,10 @@ func notifications(t *testing.T, url string, do func(conn *pgx.Conn)) []string {
 		t.Fatal(err)
 	}
 	defer conn.Close(ctx)
+	// A worker waits on each of these queues: inserts notify only then.
+	if err := store.RegisterWaiter(ctx, conn, "test", []string{"a", "b", "now", "full", "fine", "k", "default"}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
 	do(conn)
 	if _, err := conn.Exec(ctx, "NOTIFY test_done"); err != nil {
 		t.Fatal(err)

@@ -1,0 +1,130 @@
+package pool_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/leashq/leash/internal/pgtest"
+	"github.com/leashq/leash/pool"
+)
+
+// listen counts job_available notifications on a connection of its own.
+func listen(t *testing.T, url string) func() int {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	if _, err := conn.Exec(ctx, "LISTEN job_available; LISTEN test_done"); err != nil {
+		t.Fatal(err)
+	}
+	// count sends a sentinel and counts what arrived before it (delivery follows commit order).
+	return func() int {
+		if _, err := pgtest.PoolFor(t, url).Exec(ctx, "NOTIFY test_done"); err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		for {
+			got, err := conn.WaitForNotification(wctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.Channel == "test_done" {
+				return n
+			}
+			n++
+		}
+	}
+}
+
+// A worker that is busy is not waiting for work: inserts into its queue send no notification
+// (so they commit without serializing on the notification lock), and it still picks them up as
+// its slots free. Once it has found nothing for a while it waits, and an insert wakes it.
+func TestOnlyWaitingWorkersAreNotified(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	db := pgtest.PoolFor(t, url)
+	count := listen(t, url)
+	cfg := fastConfig()
+	cfg.Concurrency = 2
+	cfg.PollInterval = time.Minute // only a notification or a freed slot can start a job
+	release := make(chan struct{})
+	p, b := setup(t, db, cfg, map[string]pool.Handler{"hold": pool.HandlerFunc(func(ctx context.Context, j *pool.Job) error {
+		<-release
+		return nil
+	}), "noop": noop()})
+	insert(t, db, "hold", nil, nil)
+	insert(t, db, "hold", nil, nil)
+	start(t, p)
+	waitFor(t, 10*time.Second, func() bool { return p.Busy() == 2 })
+	count() // whatever was sent before the worker was busy
+	for range 20 {
+		insert(t, db, "noop", nil, nil)
+	}
+	if n := count(); n != 0 {
+		t.Fatalf("%d notifications for inserts into a busy worker's queue", n)
+	}
+	close(release)
+	b.events.wait(t, 22, 20*time.Second) // slots freed: it claimed the rest itself
+	waitFor(t, 10*time.Second, func() bool {
+		var n int
+		db.QueryRow(context.Background(), `SELECT count(*) FROM leash.waiters WHERE expires_at > now()`).Scan(&n)
+		return n == 1
+	})
+	insert(t, db, "noop", nil, nil)
+	b.events.wait(t, 1, 20*time.Second) // woken by the notification: the poll is a minute away
+	if n := count(); n != 1 {
+		t.Fatalf("%d notifications for one insert into a waiting worker's queue", n)
+	}
+}
+
+// An insert whose trigger ran before the worker registered as waiting, and that commits after
+// the worker's claim that follows the registration, sends no notification and is not seen by
+// that claim: the poll picks it up, within one poll interval.
+func TestWaitRaceEndsWithinOnePoll(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	db := pgtest.PoolFor(t, url)
+	ctx := context.Background()
+	cfg := fastConfig()
+	cfg.PollInterval, cfg.WaitAfter = 400*time.Millisecond, 20*time.Millisecond
+	started := make(chan time.Time, 1)
+	p, _ := setup(t, db, cfg, map[string]pool.Handler{"noop": pool.HandlerFunc(func(ctx context.Context, j *pool.Job) error {
+		started <- time.Now()
+		return nil
+	})})
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := pool.InsertTx(ctx, tx, "noop", nil, nil); err != nil { // nobody waits yet: no NOTIFY
+		t.Fatal(err)
+	}
+	start(t, p)
+	waitFor(t, 10*time.Second, func() bool {
+		var n int
+		db.QueryRow(ctx, `SELECT count(*) FROM leash.waiters WHERE expires_at > now()`).Scan(&n)
+		return n == 1
+	})
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	committed := time.Now()
+	select {
+	case at := <-started:
+		// One jittered poll (+10%), plus the claim itself.
+		if d := at.Sub(committed); d > cfg.PollInterval+cfg.PollInterval/10+300*time.Millisecond {
+			t.Fatalf("started %s after commit; the poll (%s) should bound it", d, cfg.PollInterval)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("job committed behind the registration never started")
+	}
+}
