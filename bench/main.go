@@ -27,8 +27,9 @@ import (
 )
 
 var (
-	flagJobs = flag.Int("jobs", 50000, "jobs in each burn-down")
-	flagOnly = flag.String("only", "", "comma-separated scenarios to run (burn,burn2000,steady,pickup,revoke,heartbeat,scale,memory,ablation)")
+	flagJobs  = flag.Int("jobs", 50000, "jobs in each burn-down")
+	flagOnly  = flag.String("only", "", "comma-separated scenarios to run (burn,burn2000,producers,steady,pickup,revoke,heartbeat,scale,memory,ablation)")
+	flagFsync = flag.Bool("fsync", true, "run the private cluster with durable commits (fsync on), as production databases run; false for the old, faster setting")
 )
 
 // bench holds the server every scenario runs against.
@@ -56,7 +57,11 @@ func main() {
 	ctx := context.Background()
 	b := &bench{admin: os.Getenv("DATABASE_URL")}
 	if b.admin == "" {
-		c, err := pgcluster.Start(ctx, "max_connections = 3000", "shared_buffers = 512MB", "synchronous_commit = on")
+		settings := []string{"max_connections = 3000", "shared_buffers = 512MB", "synchronous_commit = on"}
+		if *flagFsync {
+			settings = append(settings, "fsync = on", "full_page_writes = on")
+		}
+		c, err := pgcluster.Start(ctx, settings...)
 		if err != nil {
 			fail(err)
 		}
@@ -76,6 +81,7 @@ func main() {
 	}
 	run("burn", b.burnDown100)
 	run("burn2000", b.burnDown2000)
+	run("producers", b.producers)
 	run("steady", b.steady)
 	run("pickup", b.pickup)
 	run("revoke", b.revocation)

@@ -20,8 +20,8 @@ const (
 	ConcurrencyDefault       = 100
 	QueueDefault             = "default"
 	PollIntervalDefault      = time.Second
-	IdlePollIntervalDefault  = 5 * time.Millisecond
-	WaitAfterDefault         = 100 * time.Millisecond
+	IdlePollIntervalDefault  = time.Millisecond
+	WaitAfterDefault         = 5 * time.Millisecond
 	ShutdownTimeoutDefault   = 30 * time.Second
 	FinishFlushDefault       = 2 * time.Millisecond
 	FinishBatchDefault       = 1000
@@ -54,11 +54,11 @@ type Config struct {
 	// Default 1s.
 	PollInterval time.Duration
 	// IdlePollInterval is how often a worker that just ran out of work claims again, until it has
-	// found nothing for WaitAfter. Default 5ms.
+	// found nothing for WaitAfter. Default 1ms.
 	IdlePollInterval time.Duration
 	// WaitAfter is how long a worker finds nothing before it registers as waiting, so that
 	// inserts wake it with a notification. Busy workers are not registered: inserts into their
-	// queues send no notification and commit without waiting on each other. Default 100ms.
+	// queues send no notification and commit without waiting on each other. Default 5ms.
 	WaitAfter time.Duration
 	// ShutdownTimeout is the grace period running jobs get when Run's context is cancelled.
 	// Default 30s.

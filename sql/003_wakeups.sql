@@ -27,6 +27,10 @@ LANGUAGE plpgsql AS $$
 DECLARE
     q text;
 BEGIN
+    -- The common case under load, first and cheapest: nobody waits.
+    IF NOT EXISTS (SELECT FROM leash.waiters w WHERE w.expires_at > now()) THEN
+        RETURN NULL;
+    END IF;
     IF pg_notification_queue_usage() > 0.5 THEN
         RETURN NULL;
     END IF;

@@ -1,0 +1,109 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/leashq/leash/pool"
+)
+
+const ceiling = "no-trigger ceiling"
+
+// producers: 32 clients inserting one job per transaction for a few seconds, each system with a
+// worker working the queue. The ceiling is the same INSERT into leash.jobs with triggers off
+// (session_replication_role = replica).
+func (b *bench) producers(ctx context.Context) {
+	const clients = 32
+	const secs = 8
+	scenario := fmt.Sprintf("%d producers, one job per transaction, %ds", clients, secs)
+	logf("%s", scenario)
+	// hammer runs clients goroutines calling insert until the deadline and returns inserts/s.
+	hammer := func(insert func(ctx context.Context) error) float64 {
+		var n atomic.Int64
+		var wg sync.WaitGroup
+		end := time.Now().Add(secs * time.Second)
+		began := time.Now()
+		for range clients {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for time.Now().Before(end) {
+					if err := insert(ctx); err != nil {
+						fail(err)
+					}
+					n.Add(1)
+				}
+			}()
+		}
+		wg.Wait()
+		return float64(n.Load()) / time.Since(began).Seconds()
+	}
+	producerPool := func(url string, replica bool) *pgxpool.Pool {
+		cfg, err := pgxpool.ParseConfig(url)
+		if err != nil {
+			fail(err)
+		}
+		cfg.MaxConns = clients
+		if replica {
+			cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+				_, err := c.Exec(ctx, "SET session_replication_role = replica")
+				return err
+			}
+		}
+		db, err := pgxpool.NewWithConfig(ctx, cfg)
+		if err != nil {
+			fail(err)
+		}
+		return db
+	}
+	const sqlInsert = `INSERT INTO leash.jobs (kind) VALUES ('noop')`
+	leashRun := func(system string, replica bool, alwaysWaiting bool, insert func(db *pgxpool.Pool) func(context.Context) error) {
+		url := b.freshDB(ctx)
+		wdb := open(ctx, url, 10)
+		pdb := producerPool(url, replica)
+		p := newLeash(wdb, 100, nil, nil)
+		go p.Run(ctx)
+		if alwaysWaiting {
+			// A registration that never expires: every insert notifies, as before wake-ups on demand.
+			if _, err := wdb.Exec(ctx, `INSERT INTO leash.waiters VALUES ('default', 'always', 'infinity')`); err != nil {
+				fail(err)
+			}
+		}
+		rate := hammer(insert(pdb))
+		p.Shutdown(ctx)
+		r := row{scenario: scenario, system: system, metric: "inserts/s", value: rate, unit: "inserts/s", higherBetter: true}
+		if system != ceiling {
+			r.baseline = []string{ceiling, "River defaults"}
+		}
+		b.add(r)
+		pdb.Close()
+		wdb.Close()
+	}
+	sqlInsertFn := func(db *pgxpool.Pool) func(context.Context) error {
+		return func(ctx context.Context) error { _, err := db.Exec(ctx, sqlInsert); return err }
+	}
+	leashRun(ceiling, true, false, sqlInsertFn)
+	for _, t := range []riverTuning{riverDefaults, riverTuned} {
+		url := b.freshDB(ctx)
+		db := open(ctx, url, clients+20)
+		c := newRiver(db, 100, t, nil)
+		if err := c.Start(ctx); err != nil {
+			fail(err)
+		}
+		rate := hammer(func(ctx context.Context) error { _, err := c.Insert(ctx, noopArgs{}, nil); return err })
+		stopRiver(c)
+		b.add(row{scenario: scenario, system: t.String(), metric: "inserts/s", value: rate, unit: "inserts/s", baseline: []string{ceiling}, higherBetter: true})
+		db.Close()
+	}
+	leashRun("leash, SQL INSERT", false, false, sqlInsertFn)
+	leashRun("leash, pool.Insert", false, false, func(db *pgxpool.Pool) func(context.Context) error {
+		return func(ctx context.Context) error { _, err := pool.Insert(ctx, db, "noop", nil, nil); return err }
+	})
+	leashRun("leash, SQL INSERT, every insert notifying", false, true, sqlInsertFn)
+}
