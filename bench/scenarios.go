@@ -477,7 +477,8 @@ func (b *bench) ablation(ctx context.Context) {
 		cfg  pool.Config
 	}{
 		{"leash defaults", pool.Config{}},
-		{"leash, outcomes not gathered (1µs window)", pool.Config{FinishFlushInterval: time.Microsecond}},
+		{"leash, outcomes on their own commits", pool.Config{OutcomesOnOwnCommit: true}},
+		{"leash, outcomes not gathered (1µs window, own commits)", pool.Config{FinishFlushInterval: time.Microsecond, OutcomesOnOwnCommit: true}},
 		{"leash, 10 slots", pool.Config{Concurrency: 10}},
 	} {
 		db := open(ctx, b.freshDB(ctx), 10)

@@ -124,14 +124,45 @@ func (p *Pool) jitteredPoll() time.Duration {
 	return d - d/10 + time.Duration(rand.Int64N(int64(d)/5+1))
 }
 
-// claim leases up to limit jobs in one statement and starts them. The statement is not cut short
-// by ctx: jobs it claims are always started (and handed back on shutdown), never stranded.
+// claim leases up to limit jobs in one statement and starts them. Outcomes waiting to be written
+// ride along: they are written in the same transaction, one commit for both. The statement is
+// not cut short by ctx: jobs it claims are always started (and handed back on shutdown), never
+// stranded.
 func (p *Pool) claim(ctx context.Context, limit int) (int, error) {
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
+	params := store.ClaimParams{Queues: p.cfg.Queues, Limit: limit, WorkerID: p.cfg.ID, Lease: p.cfg.LeaseDuration}
+	var items []finishItem
+	if !p.cfg.OutcomesOnOwnCommit {
+		items = p.takeOutcomes()
+	}
 	sentAt := time.Now()
-	jobs, err := store.Claim(sctx, p.control(), store.ClaimParams{Queues: p.cfg.Queues, Limit: limit,
-		WorkerID: p.cfg.ID, Lease: p.cfg.LeaseDuration})
+	var jobs []store.ClaimedJob
+	var err error
+	if len(items) == 0 {
+		jobs, err = store.Claim(sctx, p.control(), params)
+	} else {
+		outs := make([]store.Outcome, len(items))
+		for i := range items {
+			outs[i] = items[i].out
+		}
+		var ws []store.Written
+		ws, jobs, err = store.FinishAndClaim(sctx, controlDB{p}, outs, params)
+		if err != nil {
+			// Neither statement committed: write the outcomes the usual way (retried, split
+			// when the database refuses one), then report the claim's failure.
+			p.flush(items)
+			return 0, err
+		}
+		written := make(map[int64]string, len(ws))
+		for _, w := range ws {
+			written[w.ID] = w.State
+		}
+		for _, it := range items {
+			state, ok := written[it.out.ID]
+			p.settle(it, state, ok)
+		}
+	}
 	if err != nil {
 		return 0, err
 	}
@@ -140,6 +171,20 @@ func (p *Pool) claim(ctx context.Context, limit int) (int, error) {
 		p.start(&jobs[i], sentAt)
 	}
 	return len(jobs), nil
+}
+
+// takeOutcomes takes the outcomes waiting for the finisher, without waiting.
+func (p *Pool) takeOutcomes() []finishItem {
+	var items []finishItem
+	for len(items) < FinishBatchDefault {
+		select {
+		case it := <-p.finishCh:
+			items = append(items, it)
+		default:
+			return items
+		}
+	}
+	return items
 }
 
 func (p *Pool) start(cj *store.ClaimedJob, sentAt time.Time) {

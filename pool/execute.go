@@ -33,6 +33,7 @@ func (p *Pool) execute(ctx context.Context, j *Job) {
 		return
 	}
 	p.finishCh <- finishItem{out: out, job: j, dur: dur}
+	p.poke(p.outcomeWake)
 }
 
 func (p *Pool) call(ctx context.Context, j *Job) (err error) {

@@ -18,45 +18,35 @@ type finishItem struct {
 	dur time.Duration
 }
 
-// runFinisher writes outcomes in batches: the first outcome waits at most FinishFlushInterval
-// for others to join it, then one fenced statement writes them all. After stop it writes what
-// is queued and returns; Run closes stop only once every outcome is queued.
+// runFinisher writes the outcomes the claim loop has not taken along with a claim: an outcome
+// waits at most FinishFlushInterval, then whatever is queued is written in one fenced statement.
+// After stop it writes what is queued and returns; Run closes stop only once every outcome is
+// queued.
 func (p *Pool) runFinisher(stop <-chan struct{}) {
-	batch := make([]finishItem, 0, FinishBatchDefault)
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
 	for {
 		select {
-		case it := <-p.finishCh:
-			batch = append(batch[:0], it)
+		case <-p.outcomeWake:
 		case <-stop:
-			batch = batch[:0]
-			for {
-				select {
-				case it := <-p.finishCh:
-					batch = append(batch, it)
-					if len(batch) == FinishBatchDefault {
-						p.flush(batch)
-						batch = batch[:0]
-					}
-				default:
-					if len(batch) > 0 {
-						p.flush(batch)
-					}
-					return
-				}
+			for items := p.takeOutcomes(); len(items) > 0; items = p.takeOutcomes() {
+				p.flush(items)
+			}
+			return
+		}
+		// Give the claim loop the flush interval to take them along; then write what is left.
+		timer.Reset(p.cfg.FinishFlushInterval)
+		select {
+		case <-timer.C:
+		case <-stop:
+			timer.Stop()
+		}
+		for items := p.takeOutcomes(); len(items) > 0; items = p.takeOutcomes() {
+			p.flush(items)
+			if len(items) < FinishBatchDefault {
+				break
 			}
 		}
-		timer := time.NewTimer(p.cfg.FinishFlushInterval)
-	gather:
-		for len(batch) < FinishBatchDefault {
-			select {
-			case it := <-p.finishCh:
-				batch = append(batch, it)
-			case <-timer.C:
-				break gather
-			}
-		}
-		timer.Stop()
-		p.flush(batch)
 	}
 }
 

@@ -83,7 +83,8 @@ type Pool struct {
 	marks    chan struct{} // bounds concurrent recordings of notified revocations
 	waiterID string        // this pool's name in leash.waiters
 
-	finishCh chan finishItem
+	finishCh    chan finishItem
+	outcomeWake chan struct{} // an outcome was queued: the finisher's flush interval starts
 	// outcomes counts started attempts whose outcome is neither queued for the finisher nor
 	// abandoned; the finisher stops only once it is zero, so no outcome is ever left behind.
 	outcomes sync.WaitGroup
@@ -111,7 +112,8 @@ func New(db *pgxpool.Pool, cfg Config) (*Pool, error) {
 	p := &Pool{
 		db: db, cfg: cfg, log: cfg.Logger.With(slog.String("worker", cfg.ID)), metrics: &Metrics{},
 		handlers: map[string]Handler{}, wake: make(chan struct{}, 1), slotWake: make(chan struct{}, 1),
-		finishCh: make(chan finishItem, 4*cfg.Concurrency+16), marks: make(chan struct{}, 4),
+		finishCh: make(chan finishItem, 4*cfg.Concurrency+16), outcomeWake: make(chan struct{}, 1),
+		marks:   make(chan struct{}, 4),
 		running: map[int64]*Job{}, shutdownCh: make(chan struct{}), done: make(chan struct{}),
 	}
 	p.startObs, _ = cfg.Observer.(StartObserver)
@@ -141,6 +143,10 @@ func (c controlDB) Exec(ctx context.Context, sql string, args ...any) (pgconn.Co
 
 func (c controlDB) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
 	return c.p.control().Query(ctx, sql, args...)
+}
+
+func (c controlDB) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	return c.p.control().SendBatch(ctx, b)
 }
 
 func (c controlDB) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {

@@ -351,3 +351,31 @@ func TestInsertNotifiesOnlyWaitedQueues(t *testing.T) {
 		t.Fatalf("notifications %v, want [idle idle] (one insert, one COPY)", got)
 	}
 }
+
+// Outcomes and the next claim commit together or not at all: when the database refuses an
+// outcome, the claim beside it does not happen either (no job left claimed by nobody).
+func TestFinishAndClaimIsOneTransaction(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	for range 3 {
+		if _, err := store.Insert(ctx, db, jp(store.InsertParams{Kind: "k"})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	j := claimOne(t, db, time.Minute)
+	params := store.ClaimParams{Queues: []string{"default"}, Limit: 1, WorkerID: "w", Lease: time.Minute}
+	_, _, err := store.FinishAndClaim(ctx, db, []store.Outcome{{ID: j.ID, Token: j.Token, State: "exploded"}}, params)
+	if err == nil {
+		t.Fatal("a refused outcome did not fail the batch")
+	}
+	var running int
+	db.QueryRow(ctx, `SELECT count(*) FROM leash.jobs WHERE state = 'running'`).Scan(&running)
+	if running != 1 {
+		t.Fatalf("%d running after a failed finish-and-claim, want only the first claim", running)
+	}
+	ws, jobs, err := store.FinishAndClaim(ctx, db, []store.Outcome{{ID: j.ID, Token: j.Token, State: "completed"}}, params)
+	if err != nil || len(ws) != 1 || ws[0].State != "completed" || len(jobs) != 1 {
+		t.Fatalf("finish and claim: %+v %+v %v", ws, jobs, err)
+	}
+}

@@ -59,22 +59,31 @@ var (
 // Claim leases up to p.Limit runnable jobs in one statement, in priority, run_at, id order,
 // skipping rows other workers hold locked.
 func Claim(ctx context.Context, db DBTX, p ClaimParams) ([]ClaimedJob, error) {
+	q, args := claimQuery(p)
+	rows, err := db.Query(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("claim jobs: %w", err)
+	}
+	return scanClaimed(rows, p.Limit)
+}
+
+func claimQuery(p ClaimParams) (string, []any) {
 	var queues any = p.Queues
 	q := claimManyQueuesSQL
 	if len(p.Queues) == 1 {
 		q, queues = claimOneQueueSQL, p.Queues[0]
 	}
-	rows, err := db.Query(ctx, q, queues, p.Limit, p.WorkerID, millis(p.Lease))
-	if err != nil {
-		return nil, fmt.Errorf("claim jobs: %w", err)
-	}
-	jobs := make([]ClaimedJob, 0, p.Limit)
+	return q, []any{queues, p.Limit, p.WorkerID, millis(p.Lease)}
+}
+
+func scanClaimed(rows pgx.Rows, limit int) ([]ClaimedJob, error) {
+	defer rows.Close()
+	jobs := make([]ClaimedJob, 0, limit)
 	for rows.Next() {
 		var j ClaimedJob
 		var timeoutMS int64
 		if err := rows.Scan(&j.ID, &j.Queue, &j.Kind, &j.Payload, &j.Priority, &j.Attempt, &j.MaxAttempts,
 			&j.Token, &j.CreatedAt, &j.RunAt, &j.AttemptedAt, &timeoutMS); err != nil {
-			rows.Close()
 			return nil, fmt.Errorf("claim jobs: %w", err)
 		}
 		j.Timeout = time.Duration(timeoutMS) * time.Millisecond
@@ -84,6 +93,48 @@ func Claim(ctx context.Context, db DBTX, p ClaimParams) ([]ClaimedJob, error) {
 		return nil, fmt.Errorf("claim jobs: %w", err)
 	}
 	return jobs, nil
+}
+
+// Batcher sends statements in one round trip.
+type Batcher interface {
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// FinishAndClaim writes outcomes and claims jobs in one round trip and one transaction: the two
+// statements are pipelined under a single Sync, so they commit together, or, if either fails,
+// neither does (the caller then writes the outcomes on their own). It is Finish followed by
+// Claim, with one commit instead of two.
+func FinishAndClaim(ctx context.Context, db Batcher, outs []Outcome, p ClaimParams) ([]Written, []ClaimedJob, error) {
+	fq, fargs, err := finishQuery(outs)
+	if err != nil {
+		return nil, nil, err
+	}
+	cq, cargs := claimQuery(p)
+	b := &pgx.Batch{}
+	b.Queue(fq, fargs...)
+	b.Queue(cq, cargs...)
+	br := db.SendBatch(ctx, b)
+	defer br.Close()
+	rows, err := br.Query()
+	if err != nil {
+		return nil, nil, fmt.Errorf("finish jobs: %w", err)
+	}
+	written, err := scanWritten(rows, len(outs))
+	if err != nil {
+		return nil, nil, err
+	}
+	rows, err = br.Query()
+	if err != nil {
+		return nil, nil, fmt.Errorf("claim jobs: %w", err)
+	}
+	jobs, err := scanClaimed(rows, p.Limit)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := br.Close(); err != nil {
+		return nil, nil, fmt.Errorf("finish and claim: %w", err)
+	}
+	return written, jobs, nil
 }
 
 // RenewParams extends many leases at once; IDs[i] is held under Tokens[i].

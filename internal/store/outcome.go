@@ -65,6 +65,18 @@ func (o *Outcome) encodeError() (*string, error) {
 // returns what it wrote. An id missing from the result had lost its lease: nothing was written
 // for it. A statement error fails the whole batch; the caller splits it to find the bad item.
 func Finish(ctx context.Context, db DBTX, outs []Outcome) ([]Written, error) {
+	q, args, err := finishQuery(outs)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := db.Query(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("finish jobs: %w", err)
+	}
+	return scanWritten(rows, len(outs))
+}
+
+func finishQuery(outs []Outcome) (string, []any, error) {
 	n := len(outs)
 	ids, tokens, states := make([]int64, n), make([]int64, n), make([]string, n)
 	delays, giveBack := make([]int64, n), make([]bool, n)
@@ -74,14 +86,34 @@ func Finish(ctx context.Context, db DBTX, outs []Outcome) ([]Written, error) {
 		ids[i], tokens[i], states[i], delays[i], giveBack[i] = o.ID, o.Token, o.State, millis(o.RunIn), o.ReturnAttempt
 		var err error
 		if errs[i], err = o.encodeError(); err != nil {
-			return nil, err
+			return "", nil, err
 		}
 		if o.Revoke != nil {
 			r := CleanText(*o.Revoke, MaxReasonBytes)
 			revokes[i] = &r
 		}
 	}
-	rows, err := db.Query(ctx, `
+	return finishSQL, []any{ids, tokens, states, delays, giveBack, errs, revokes}, nil
+}
+
+func scanWritten(rows pgx.Rows, n int) ([]Written, error) {
+	defer rows.Close()
+	written := make([]Written, 0, n)
+	for rows.Next() {
+		var w Written
+		var notified *bool
+		if err := rows.Scan(&w.ID, &w.State, &notified); err != nil {
+			return nil, fmt.Errorf("finish jobs: %w", err)
+		}
+		written = append(written, w)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("finish jobs: %w", err)
+	}
+	return written, nil
+}
+
+const finishSQL = `
 		WITH u AS (
 			-- Locked in id order, like every multi-row write, so that two of them never wait on
 			-- each other in a cycle; the token is checked here, on the latest row version.
@@ -105,26 +137,7 @@ func Finish(ctx context.Context, db DBTX, outs []Outcome) ([]Written, error) {
 		FROM u
 		WHERE j.id = u.id
 		RETURNING j.id, j.state,
-		    CASE WHEN j.state IN ('available', 'retryable') AND j.run_at <= now() THEN leash.notify_available(j.queue) END`,
-		ids, tokens, states, delays, giveBack, errs, revokes)
-	if err != nil {
-		return nil, fmt.Errorf("finish jobs: %w", err)
-	}
-	written := make([]Written, 0, n)
-	for rows.Next() {
-		var w Written
-		var notified *bool
-		if err := rows.Scan(&w.ID, &w.State, &notified); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("finish jobs: %w", err)
-		}
-		written = append(written, w)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("finish jobs: %w", err)
-	}
-	return written, nil
-}
+		    CASE WHEN j.state IN ('available', 'retryable') AND j.run_at <= now() THEN leash.notify_available(j.queue) END`
 
 // ErrFenced means a fenced write found the lease gone: the job is no longer held under the
 // token the caller has.
