@@ -159,7 +159,7 @@ func TestExecHandler(t *testing.T) {
 		t.Fatalf("disabled: %s %q", state, lastErr)
 	}
 
-	h := newHarness(t, handlers.Options{ExecAllow: []string{sh}, ExecGrace: 200 * time.Millisecond})
+	h := newHarness(t, handlers.Options{ExecAllow: []string{sh}, ExecGrace: 200 * time.Millisecond, ExecEnvAllow: []string{"X"}})
 	if _, state, lastErr := h.run(t, "exec", `{"cmd":["/bin/true"]}`); state != "failed" || !strings.Contains(lastErr, "not in WORKER_EXEC_ALLOW") {
 		t.Fatalf("not allowed: %s %q", state, lastErr)
 	}

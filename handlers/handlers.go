@@ -84,6 +84,10 @@ type Options struct {
 	ExecAllow []string
 	// ExecGrace is the wait between SIGTERM and SIGKILL for a cancelled command.
 	ExecGrace time.Duration
+	// ExecEnvAllow lists the variable names an exec job's env may set besides LANG, TZ and LC_*:
+	// exact names, or prefixes ending in "*" ("APP_*"; "*" alone allows every name). Names that
+	// [EnvDenied] refuses stay refused. [CheckExecEnvAllow] finds patterns that match nothing.
+	ExecEnvAllow []string
 	// HTTPClient is used by the http handler as is; nil means HTTPPolicy.Client().
 	HTTPClient *http.Client
 	// HTTPPolicy says which addresses the http handler may connect to, when HTTPClient is nil.
@@ -97,7 +101,7 @@ func Register(p *pool.Pool, o Options) error {
 		client = o.HTTPPolicy.Client()
 	}
 	for kind, h := range map[string]pool.Handler{
-		"noop": Noop(), "sleep": Sleep(), "http": HTTP(client), "exec": Exec(o.ExecAllow, o.ExecGrace),
+		"noop": Noop(), "sleep": Sleep(), "http": HTTP(client), "exec": Exec(o.ExecAllow, o.ExecGrace, o.ExecEnvAllow...),
 	} {
 		if err := p.Register(kind, h); err != nil {
 			return err

@@ -58,11 +58,19 @@ func (e *HTTPError) Error() string {
 // and network errors retry. The request is bound to the job's context: a revocation aborts it.
 // A connection refused by the client's [HTTPPolicy] fails the job permanently. Kind "http".
 // client may be nil: then HTTPPolicy{}.Client() is used (no link-local or metadata addresses).
-// A client of your own is used as is: its transport decides which addresses it may reach.
+// A client of your own is used with its transport, which decides which addresses it may reach.
+//
+// Redirects are followed (at most 10, or as the client's CheckRedirect says), but the payload's
+// headers go only where the payload sent them: once a redirect leads to another host or port,
+// or from https to http, every header but those the handler sets itself (Leash-*,
+// Idempotency-Key, User-Agent, Content-Type) is dropped for the rest of the chain, Referer
+// included. Go's client alone would drop only Authorization, Cookie and WWW-Authenticate, and
+// forward an X-Api-Key to wherever the receiver redirects.
 func HTTP(client *http.Client) pool.Handler {
 	if client == nil {
 		client = HTTPPolicy{}.Client()
 	}
+	client = keepHeadersHome(client)
 	return pool.Args(func(ctx context.Context, job *pool.Job, a HTTPArgs) error {
 		req, timeout, err := a.request(ctx, job)
 		if err != nil {
@@ -152,6 +160,66 @@ func (a *HTTPArgs) request(ctx context.Context, job *pool.Job) (*http.Request, t
 		req.Header.Set("Idempotency-Key", "leash-job-"+id)
 	}
 	return req, timeout, nil
+}
+
+// keptOnRedirect are the headers the handler sets itself: the only ones that follow a redirect
+// to another host.
+var keptOnRedirect = map[string]bool{
+	"Leash-Job-Id": true, "Leash-Lease-Token": true, "Leash-Attempt": true,
+	"Idempotency-Key": true, "User-Agent": true, "Content-Type": true,
+}
+
+// keepHeadersHome returns a copy of c whose redirects drop the payload's headers once the chain
+// has left the first request's host (see [HTTP]); c's own CheckRedirect, if any, runs after.
+func keepHeadersHome(c *http.Client) *http.Client {
+	cc := *c
+	next := c.CheckRedirect
+	cc.CheckRedirect = func(req *http.Request, via []*http.Request) error {
+		// Go copies the first request's headers onto every redirect, so a chain that left the
+		// host and came back must be caught too: compare each hop with the first.
+		left := leavesHost(via[0].URL, req.URL)
+		for _, r := range via[1:] {
+			left = left || leavesHost(via[0].URL, r.URL)
+		}
+		if left {
+			for k := range req.Header {
+				if !keptOnRedirect[http.CanonicalHeaderKey(k)] {
+					delete(req.Header, k)
+				}
+			}
+		}
+		if next != nil {
+			return next(req, via)
+		}
+		if len(via) >= 10 {
+			return errors.New("stopped after 10 redirects")
+		}
+		return nil
+	}
+	return &cc
+}
+
+// leavesHost reports whether a redirect from "from" to "to" goes to another host name or port, or
+// from https to http. From http to https on the same host (default ports both) is not leaving.
+func leavesHost(from, to *url.URL) bool {
+	if !strings.EqualFold(strings.TrimSuffix(from.Hostname(), "."), strings.TrimSuffix(to.Hostname(), ".")) {
+		return true
+	}
+	if from.Scheme == "https" && to.Scheme != "https" {
+		return true
+	}
+	return (from.Port() != "" || to.Port() != "") && urlPort(from) != urlPort(to)
+}
+
+// urlPort is u's port, the scheme's default when none is given.
+func urlPort(u *url.URL) string {
+	if p := u.Port(); p != "" {
+		return p
+	}
+	if u.Scheme == "https" {
+		return "443"
+	}
+	return "80"
 }
 
 // retryAfter reads a Retry-After header: seconds or an HTTP date.

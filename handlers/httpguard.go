@@ -17,7 +17,8 @@ import (
 //
 // Always refused unless Allow covers them: link-local addresses (169.254.0.0/16, fe80::/10),
 // where cloud metadata services answer, and the other well-known metadata addresses
-// (fd00:ec2::254, 100.100.100.200, 168.63.129.16, the name metadata.google.internal).
+// (AWS fd00:ec2::254, Alibaba 100.100.100.200, Azure 168.63.129.16, Oracle 192.0.0.192, GCP
+// fd20:ce::254 and the name metadata.google.internal).
 // With BlockPrivate, also loopback, private (10/8, 172.16/12, 192.168/16, fc00::/7), shared
 // (100.64/10), unspecified, multicast and other special ranges. Never reachable, whatever Allow
 // says: the worker's own HTTP endpoints (Self's port on a loopback, unspecified or local address).
@@ -57,7 +58,8 @@ var (
 	metadataAddrs = []netip.Prefix{
 		netip.MustParsePrefix("169.254.0.0/16"), netip.MustParsePrefix("fe80::/10"),
 		netip.MustParsePrefix("fd00:ec2::254/128"), netip.MustParsePrefix("100.100.100.200/32"),
-		netip.MustParsePrefix("168.63.129.16/32"),
+		netip.MustParsePrefix("168.63.129.16/32"), netip.MustParsePrefix("192.0.0.192/32"),
+		netip.MustParsePrefix("fd20:ce::254/128"),
 	}
 	specialAddrs = []netip.Prefix{
 		netip.MustParsePrefix("0.0.0.0/8"), netip.MustParsePrefix("100.64.0.0/10"),
