@@ -18,6 +18,7 @@ import (
 	"slices"
 	"strings"
 	"syscall"
+	"text/tabwriter"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -29,6 +30,8 @@ import (
 	"github.com/leashq/leash/handlers"
 	"github.com/leashq/leash/internal/metrics"
 	"github.com/leashq/leash/internal/netdial"
+	"github.com/leashq/leash/internal/store"
+	"github.com/leashq/leash/internal/version"
 	"github.com/leashq/leash/internal/web"
 	"github.com/leashq/leash/pool"
 )
@@ -37,12 +40,13 @@ const usage = `usage: worker [command] [flags]
 
 commands:
   run       run a worker pool (the default)
-  migrate   apply pending schema migrations
+  migrate   apply pending schema migrations; -status lists applied and pending ones
   enqueue   add a job: worker enqueue -kind sleep -payload '{"duration":"2s"}'
   revoke    revoke a job: worker revoke ID [-reason TEXT]
   status    show counts per queue and state, and the running jobs
   health    probe a running worker's /readyz (for container health checks)
   demo      a guided tour on a private PostgreSQL (or DATABASE_URL): workload, revocation, summary
+  version   print the release and the schema version this worker needs
 
 configuration is read from the environment; DATABASE_URL is required.
 `
@@ -69,6 +73,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if cmd == "health" {
 		return cmdHealth(ctx, getenv, args, stdout)
 	}
+	if cmd == "version" {
+		fmt.Fprintf(stdout, "worker %s\nschema version %d\n", version.Release, store.ExpectedVersion())
+		return nil
+	}
 	e, err := loadEnv(ctx, getenv)
 	if err != nil {
 		return err
@@ -78,7 +86,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	case "run":
 		return cmdRun(ctx, e, log)
 	case "migrate":
-		return cmdMigrate(ctx, e, stdout)
+		return cmdMigrate(ctx, e, args, stdout, stderr)
 	case "enqueue":
 		return cmdEnqueue(ctx, e, args, stdout, stderr)
 	case "revoke":
@@ -143,10 +151,8 @@ func cmdRun(ctx context.Context, e env, log *slog.Logger) error {
 		return err
 	}
 	defer db.Close()
-	if e.AutoMigrate {
-		if _, err := pool.Migrate(ctx, db); err != nil {
-			return err
-		}
+	if err := checkSchema(ctx, e, db, log); err != nil {
+		return err
 	}
 	cfg := e.poolConfig()
 	cfg.Logger = log
@@ -240,7 +246,7 @@ func serveHTTP(e env, ln net.Listener, db *pgxpool.Pool, p *pool.Pool, reg *prom
 		hosts = append(hosts, host) // the configured name; IP literals are accepted anyway
 	}
 	h, err := web.New(web.Options{DB: db, ListenerConnected: p.ListenerConnected, Gatherer: reg,
-		AdminToken: token, AdminOpen: open, AdminHosts: hosts, Logger: log})
+		AdminToken: token, AdminOpen: open, AdminHosts: hosts, ReportSchema: true, Release: version.Release, Logger: log})
 	if err != nil {
 		return nil, err
 	}
@@ -288,20 +294,169 @@ func cmdHealth(ctx context.Context, getenv func(string) string, args []string, s
 	return nil
 }
 
-func cmdMigrate(ctx context.Context, e env, stdout io.Writer) error {
+// cmdMigrate applies the pending migrations and prints each, or with -status lists the applied
+// and pending ones.
+func cmdMigrate(ctx context.Context, e env, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	status := fs.Bool("status", false, "list applied migrations (with when) and pending ones; change nothing")
+	lockTimeout := fs.Duration("lock-timeout", migrateLockTimeout, "longest wait for a table lock before giving up and trying again "+
+		"(queries on the table queue behind the waiting migration); 0: wait as long as it takes")
+	retryFor := fs.Duration("retry-for", migrateRetryFor, "keep trying this long when a lock is not granted in time")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("migrate: unexpected argument %q", fs.Arg(0))
+	}
 	db, err := connect(ctx, e)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
-	applied, err := pool.Migrate(ctx, db)
+	if *status {
+		return printSchemaStatus(ctx, db, stdout)
+	}
+	applied, err := applyRetrying(ctx, db, *lockTimeout, *retryFor, func(m store.Migration) {
+		fmt.Fprintf(stdout, "applied %d %s\n", m.Version, m.Name)
+	}, func(msg string) { fmt.Fprintln(stdout, msg) })
 	if err != nil {
 		return err
 	}
-	if len(applied) == 0 {
-		fmt.Fprintln(stdout, "schema is up to date")
-		return nil
+	c, err := store.CheckSchema(ctx, db)
+	if err != nil {
+		return err
 	}
-	fmt.Fprintf(stdout, "applied migrations %v\n", applied)
+	switch {
+	case c.Ahead():
+		fmt.Fprintf(stdout, "schema is at version %d, newer than this worker's %d (release %s): nothing to apply\n",
+			c.Current, c.Expected, version.Release)
+	case len(applied) == 0:
+		fmt.Fprintf(stdout, "schema is up to date (version %d)\n", c.Current)
+	default:
+		fmt.Fprintf(stdout, "schema is at version %d\n", c.Current)
+	}
 	return nil
+}
+
+// Defaults of `worker migrate` and of WORKER_AUTO_MIGRATE: a migration waiting for a table lock
+// makes every query on that table wait behind it, so it gives up after a short wait and tries
+// again a little later, while the fleet goes on.
+const (
+	migrateLockTimeout = 2 * time.Second
+	migrateRetryFor    = 2 * time.Minute
+	migrateRetryPause  = 3 * time.Second
+)
+
+// applyRetrying applies the pending migrations, each transaction giving up on a lock after
+// lockTimeout and tried again after a pause until retryFor has passed. It reports every
+// migration applied, and every retry.
+func applyRetrying(ctx context.Context, db *pgxpool.Pool, lockTimeout, retryFor time.Duration,
+	applied func(store.Migration), retrying func(string)) ([]store.Migration, error) {
+	deadline := time.Now().Add(retryFor)
+	var all []store.Migration
+	for {
+		done, err := store.ApplyWith(ctx, db, store.ApplyOptions{LockTimeout: lockTimeout})
+		for _, m := range done {
+			applied(m)
+		}
+		all = append(all, done...)
+		if err == nil || !store.IsLockTimeout(err) {
+			return all, err
+		}
+		if time.Now().Add(migrateRetryPause).After(deadline) {
+			return all, fmt.Errorf("%w\nanother transaction held a lock on leash's tables longer than the lock timeout (%s) "+
+				"every time for %s: find it in pg_stat_activity (pg_blocking_pids), or retry with a longer -lock-timeout or -retry-for", err, lockTimeout, retryFor)
+		}
+		retrying(fmt.Sprintf("a lock on leash's tables was not granted within %s (another transaction holds it); "+
+			"nothing of that transaction was applied; trying again in %s", lockTimeout, migrateRetryPause))
+		select {
+		case <-ctx.Done():
+			return all, context.Cause(ctx)
+		case <-time.After(migrateRetryPause):
+		}
+	}
+}
+
+func printSchemaStatus(ctx context.Context, db *pgxpool.Pool, stdout io.Writer) error {
+	c, err := store.CheckSchema(ctx, db)
+	if err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+	if !c.Tracked {
+		fmt.Fprintln(tw, "applied:\tnone (leash.schema_migrations does not exist)")
+	} else if len(c.Applied) == 0 {
+		fmt.Fprintln(tw, "applied:\tnone")
+	} else {
+		fmt.Fprintln(tw, "applied:")
+		for _, a := range c.Applied {
+			note := ""
+			if slices.Contains(c.Unknown, a) {
+				note = "\tnot known to this worker (applied by a newer release)"
+			}
+			fmt.Fprintf(tw, "  %d\t%s\t%s%s\n", a.Version, a.Name, a.AppliedAt.UTC().Format(time.RFC3339), note)
+		}
+	}
+	if len(c.Missing) == 0 {
+		fmt.Fprintln(tw, "pending:\tnone")
+	} else {
+		fmt.Fprintln(tw, "pending:")
+		for _, m := range c.Missing {
+			fmt.Fprintf(tw, "  %d\t%s\t\n", m.Version, m.Name)
+		}
+	}
+	tw.Flush()
+	switch {
+	case c.Behind():
+		fmt.Fprintf(stdout, "schema is at version %d; this worker (release %s) needs %d: run `worker migrate`\n", c.Current, version.Release, c.Expected)
+	case c.Ahead():
+		fmt.Fprintf(stdout, "schema is at version %d, newer than this worker's %d (release %s): upgrade the worker\n", c.Current, c.Expected, version.Release)
+	default:
+		fmt.Fprintf(stdout, "schema is at version %d, as this worker (release %s) expects\n", c.Current, version.Release)
+	}
+	return nil
+}
+
+// checkSchema refuses to run on a database that lacks migrations this worker needs (or applies
+// them with WORKER_AUTO_MIGRATE), and warns when the database was migrated by a newer release.
+func checkSchema(ctx context.Context, e env, db *pgxpool.Pool, log *slog.Logger) error {
+	c, err := store.CheckSchema(ctx, db)
+	if err != nil {
+		return err
+	}
+	if c.Behind() && e.AutoMigrate {
+		_, err := applyRetrying(ctx, db, migrateLockTimeout, migrateRetryFor, func(m store.Migration) {
+			log.Info("applied migration (WORKER_AUTO_MIGRATE)", slog.Int("version", m.Version), slog.String("name", m.Name))
+		}, func(msg string) { log.Warn(msg) })
+		if err != nil {
+			return err
+		}
+		if c, err = store.CheckSchema(ctx, db); err != nil {
+			return err
+		}
+	}
+	if c.Behind() {
+		return schemaBehindError(c)
+	}
+	if c.Ahead() {
+		log.Warn(web.SchemaAheadNote(c, version.Release),
+			slog.Int("schema_version", c.Current), slog.Int("worker_schema_version", c.Expected), slog.String("release", version.Release))
+	}
+	return nil
+}
+
+func schemaBehindError(c store.SchemaCheck) error {
+	const fix = "run `worker migrate` (or start the worker with WORKER_AUTO_MIGRATE=true)"
+	if !c.Tracked {
+		return fmt.Errorf("database has no leash schema (leash.schema_migrations does not exist), this worker needs version %d: %s", c.Expected, fix)
+	}
+	names := make([]string, len(c.Missing))
+	for i, m := range c.Missing {
+		names[i] = m.Name
+	}
+	if c.Current < c.Missing[0].Version {
+		return fmt.Errorf("database schema is at version %d, this worker needs %d: %s (pending: %s)", c.Current, c.Expected, fix, strings.Join(names, ", "))
+	}
+	return fmt.Errorf("database schema lacks %s, which this worker needs: %s", strings.Join(names, ", "), fix)
 }

@@ -82,7 +82,7 @@ func TestCommands(t *testing.T) {
 	t.Parallel()
 	url := pgtest.EmptyURL(t)
 	env := envOf("DATABASE_URL", url)
-	if out, err := runCmd(t, env, "migrate"); err != nil || !strings.Contains(out, "applied migrations [1 2") {
+	if out, err := runCmd(t, env, "migrate"); err != nil || !strings.Contains(out, "applied 1 001_jobs\napplied 2 ") {
 		t.Fatalf("migrate: %q, %v", out, err)
 	}
 	if out, err := runCmd(t, env, "migrate"); err != nil || !strings.Contains(out, "up to date") {

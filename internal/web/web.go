@@ -50,6 +50,12 @@ type Options struct {
 	// subdomain. Any other Host header is refused (421), so a DNS-rebinding page cannot use the
 	// admin page under its own name. Matching ignores case and a trailing dot.
 	AdminHosts []string
+	// ReportSchema makes /readyz compare the database's schema version with this binary's
+	// migrations and add a line when the database was migrated by a newer release (still 200:
+	// migrations are additive, so an older worker keeps working until it is replaced).
+	ReportSchema bool
+	// Release names this binary's release in that line.
+	Release string
 	// Refresh is the admin page's self-refresh period. Default 3s.
 	Refresh time.Duration
 	// Logger for errors. Default: discard.
@@ -129,6 +135,22 @@ func (s *server) ready(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	fmt.Fprintln(w, "ready")
+	if s.ReportSchema {
+		c, err := store.CheckSchema(ctx, s.DB)
+		switch {
+		case err != nil:
+			s.Logger.Warn("readiness: cannot read the schema version", slog.Any("err", err))
+		case c.Ahead():
+			fmt.Fprintln(w, SchemaAheadNote(c, s.Release))
+		}
+	}
+}
+
+// SchemaAheadNote says that a worker of release is older than the database's schema, naming both
+// versions.
+func SchemaAheadNote(c store.SchemaCheck, release string) string {
+	return fmt.Sprintf("worker is older than the database schema: schema at version %d, this worker (release %s) knows up to %d; "+
+		"migrations are additive, so it keeps working: replace it with a newer release", c.Current, release, c.Expected)
 }
 
 // checkHost refuses requests whose Host header is not a loopback name, an IP literal or one of
