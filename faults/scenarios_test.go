@@ -312,6 +312,42 @@ func TestRescuerCompleteHeartbeatRace(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+	// Finish never waits on a row lock: an outcome that met a row locked by a renewal or a rescue
+	// is written again while its claim holds the job, as the pool's finisher does.
+	for {
+		done := map[int64]bool{}
+		for _, id := range completed {
+			done[id] = true
+		}
+		var outs []store.Outcome
+		var ids, tokens []int64
+		for _, j := range claimed {
+			if !done[j.ID] && rescued[j.ID] == 0 {
+				ids, tokens = append(ids, j.ID), append(tokens, j.Token)
+				outs = append(outs, store.Outcome{ID: j.ID, Token: j.Token, State: store.StateCompleted})
+			}
+		}
+		held, err := store.StillHeld(ctx, h.db, ids, tokens)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var retry []store.Outcome
+		for _, o := range outs {
+			if held[o.ID] {
+				retry = append(retry, o)
+			}
+		}
+		if len(retry) == 0 {
+			break
+		}
+		ws, err := store.Finish(ctx, h.db, retry)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, w := range ws {
+			completed = append(completed, w.ID)
+		}
+	}
 	// Whatever is left expired is rescued now.
 	rest, _ := store.Rescue(ctx, h.db, n)
 	for _, r := range rest {

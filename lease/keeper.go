@@ -205,13 +205,22 @@ func (k *Keeper) Kick(recheck bool) {
 func (k *Keeper) Run(ctx context.Context) {
 	t := time.NewTimer(k.cfg.HeartbeatInterval)
 	defer t.Stop()
+	// Kicks (a reconnect, a takeover notification anyone can forge) renew at most once per
+	// minGap: a flood of them costs a few statements a second, not one each.
+	minGap := min(k.cfg.RetryInterval, 250*time.Millisecond)
+	var last time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		case <-k.kick:
+			if wait := minGap - time.Since(last); wait > 0 {
+				t.Reset(wait)
+				continue
+			}
 		}
+		last = time.Now()
 		next := k.cfg.HeartbeatInterval
 		if err := k.RenewOnce(ctx); err != nil && ctx.Err() == nil {
 			k.log.WarnContext(ctx, "lease renewal failed", slog.Any("err", err), slog.Duration("retry_in", k.cfg.RetryInterval))

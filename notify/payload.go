@@ -34,8 +34,9 @@ const (
 )
 
 // MaxPayload is the longest job_revoked payload accepted. PostgreSQL allows up to 8000 bytes;
-// a revocation needs far less, so anything longer is junk.
-const MaxPayload = 1024
+// leash's own payloads carry at most 200 characters of reason, which JSON may escape to six bytes
+// each, so anything longer is junk.
+const MaxPayload = 2048
 
 // MaxReason is the longest Revocation.Reason returned, in bytes; a longer reason is cut on a
 // character boundary and ends with "…".

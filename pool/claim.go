@@ -158,10 +158,15 @@ func (p *Pool) claim(ctx context.Context, limit int) (int, error) {
 		for _, w := range ws {
 			written[w.ID] = w.State
 		}
+		var missing []finishItem
 		for _, it := range items {
-			state, ok := written[it.out.ID]
-			p.settle(it, state, ok)
+			if state, ok := written[it.out.ID]; ok {
+				p.settle(it, state, true)
+			} else {
+				missing = append(missing, it)
+			}
 		}
+		p.settleMissing(missing)
 	}
 	if err != nil {
 		return 0, err

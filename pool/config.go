@@ -17,15 +17,17 @@ import (
 
 // Defaults for Config fields left zero.
 const (
-	ConcurrencyDefault       = 100
-	QueueDefault             = "default"
-	PollIntervalDefault      = time.Second
-	IdlePollIntervalDefault  = time.Millisecond
-	WaitAfterDefault         = 5 * time.Millisecond
-	ShutdownTimeoutDefault   = 30 * time.Second
-	FinishFlushDefault       = 2 * time.Millisecond
-	FinishBatchDefault       = 1000
-	ControlConnsDefault      = 4
+	ConcurrencyDefault      = 100
+	QueueDefault            = "default"
+	PollIntervalDefault     = time.Second
+	IdlePollIntervalDefault = time.Millisecond
+	WaitAfterDefault        = 5 * time.Millisecond
+	ShutdownTimeoutDefault  = 30 * time.Second
+	FinishFlushDefault      = 2 * time.Millisecond
+	FinishBatchDefault      = 1000
+	ControlConnsDefault     = 4
+	// MaxTimeout is the longest timeout a job or a kind may have (the table's limit).
+	MaxTimeout               = 100 * 24 * time.Hour
 	MaxAttemptsDefault       = 20
 	LeaseDurationDefault     = lease.DurationDefault
 	HeartbeatIntervalDefault = lease.HeartbeatIntervalDefault
@@ -204,8 +206,8 @@ func (c Config) Validate() error {
 		return bad("ID", "must be valid UTF-8 without NUL bytes")
 	}
 	for kind, d := range c.Timeouts {
-		if d <= 0 {
-			return bad("Timeouts", "must hold positive durations, got %s for kind %q", d, kind)
+		if d < time.Millisecond || d > MaxTimeout {
+			return bad("Timeouts", "must hold durations between 1ms and %s, got %s for kind %q", MaxTimeout, d, kind)
 		}
 	}
 	for _, q := range c.Queues {

@@ -14,8 +14,11 @@ import (
 // execute runs the handler and queues its outcome. It never returns an error: a failing job is
 // not a failing pool.
 func (p *Pool) execute(ctx context.Context, j *Job) {
-	err := p.call(ctx, j)
+	err := stable(p.call(ctx, j))
 	dur := time.Since(j.started)
+	if j.timer != nil {
+		j.timer.Stop() // the handler returned: a timeout must not end the lease of a finished attempt
+	}
 	if !j.lease.MarkFinishing() {
 		// Abandoned at shutdown while this handler ignored its context; a rescuer settles it.
 		p.log.Warn("handler returned after its job was abandoned at shutdown; result dropped",
@@ -23,8 +26,7 @@ func (p *Pool) execute(ctx context.Context, j *Job) {
 		return
 	}
 	defer p.outcomes.Done()
-	out, write := decide(j.ID, j.Token, p.cfg.ID, ending{err: err, cause: j.lease.Cause(), attempt: j.Attempt,
-		maxAttempts: j.MaxAttempts, backoff: p.cfg.RetryBackoff})
+	out, write := p.decideSafely(j, err)
 	if !write {
 		p.log.Info("handler stopped after losing its lease", slog.Int64("job_id", j.ID),
 			slog.Int64("lease_token", j.Token), slog.Any("err", err))
@@ -36,13 +38,32 @@ func (p *Pool) execute(ctx context.Context, j *Job) {
 	p.poke(p.outcomeWake)
 }
 
+// decideSafely is decide, with anything a handler's error does to it (an Is or As method that
+// panics) turned into a retryable failure rather than a dead worker.
+func (p *Pool) decideSafely(j *Job, err error) (out store.Outcome, write bool) {
+	defer func() {
+		if r := recover(); r != nil {
+			p.log.Error("deciding a job's outcome panicked; retrying the job", slog.Int64("job_id", j.ID),
+				slog.String("panic", store.CleanText(describe(r), 1024)))
+			out, write = store.Outcome{ID: j.ID, Token: j.Token, State: store.StateRetryable,
+				RunIn: p.cfg.RetryBackoff(j.Attempt), Error: &store.AttemptError{Attempt: int32(j.Attempt),
+					Error: "the handler's error could not be examined: " + describe(r), Worker: p.cfg.ID}}, true
+			if j.Attempt >= j.MaxAttempts {
+				out.State, out.RunIn = store.StateFailed, 0
+			}
+		}
+	}()
+	return decide(j.ID, j.Token, p.cfg.ID, ending{err: err, cause: j.lease.Cause(), attempt: j.Attempt,
+		maxAttempts: j.MaxAttempts, backoff: p.cfg.RetryBackoff})
+}
+
 func (p *Pool) call(ctx context.Context, j *Job) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			p.metrics.Panics.Add(1)
 			err = &PanicError{Value: r, Stack: string(debug.Stack())}
 			p.log.Error("handler panicked", slog.Int64("job_id", j.ID), slog.String("kind", j.Kind),
-				slog.String("panic", store.CleanText(fmt.Sprint(r), 1024)))
+				slog.String("panic", store.CleanText(describe(r), 1024)))
 		}
 	}()
 	p.handlersMu.RLock()

@@ -20,54 +20,141 @@ type finishItem struct {
 
 // runFinisher writes the outcomes the claim loop has not taken along with a claim: an outcome
 // waits at most FinishFlushInterval, then whatever is queued is written in one fenced statement.
-// After stop it writes what is queued and returns; Run closes stop only once every outcome is
-// queued.
+// Outcomes whose row another transaction holds are tried again, with backoff, for as long as
+// their claim holds the job. After stop it writes what is queued, keeps trying the deferred ones
+// for up to ShutdownTimeout, and returns; Run closes stop only once every outcome is queued.
 func (p *Pool) runFinisher(stop <-chan struct{}) {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
+	backoff := 50 * time.Millisecond
 	for {
+		var retry <-chan time.Time
+		if p.deferredCount() > 0 {
+			retry = time.After(backoff)
+		}
 		select {
 		case <-p.outcomeWake:
+			// Give the claim loop the flush interval to take them along; then write what is left.
+			timer.Reset(p.cfg.FinishFlushInterval)
+			select {
+			case <-timer.C:
+			case <-stop:
+				timer.Stop()
+			}
+			p.flushQueued()
+		case <-retry:
+			before := p.deferredCount()
+			p.flush(p.takeDeferred())
+			if p.deferredCount() < before {
+				backoff = 50 * time.Millisecond
+			} else {
+				backoff = min(2*backoff, time.Second)
+			}
 		case <-stop:
-			for items := p.takeOutcomes(); len(items) > 0; items = p.takeOutcomes() {
-				p.flush(items)
+			p.flushQueued()
+			deadline := time.Now().Add(p.cfg.ShutdownTimeout)
+			for p.deferredCount() > 0 && time.Now().Before(deadline) {
+				time.Sleep(backoff)
+				p.flush(p.takeDeferred())
+				backoff = min(2*backoff, time.Second)
+			}
+			for _, it := range p.takeDeferred() {
+				p.giveUp(it, "its row stayed locked by another transaction through shutdown")
 			}
 			return
 		}
-		// Give the claim loop the flush interval to take them along; then write what is left.
-		timer.Reset(p.cfg.FinishFlushInterval)
-		select {
-		case <-timer.C:
-		case <-stop:
-			timer.Stop()
-		}
-		for items := p.takeOutcomes(); len(items) > 0; items = p.takeOutcomes() {
-			p.flush(items)
-			if len(items) < FinishBatchDefault {
-				break
-			}
-		}
 	}
 }
 
-// flush writes a batch and settles every job in it.
+// flushQueued writes every outcome queued for the finisher.
+func (p *Pool) flushQueued() {
+	for items := p.takeOutcomes(); len(items) > 0; items = p.takeOutcomes() {
+		p.flush(items)
+	}
+}
+
+// flush writes a batch and settles every job in it: written, fenced off (stale), or deferred when
+// another transaction holds its row or the database cannot say.
 func (p *Pool) flush(batch []finishItem) {
+	if len(batch) == 0 {
+		return
+	}
 	written := make(map[int64]string, len(batch))
-	p.write(batch, written, time.Now().Add(p.cfg.LeaseDuration))
+	p.write(batch, written)
+	var missing []finishItem
 	for _, it := range batch {
-		state, ok := written[it.out.ID]
-		p.settle(it, state, ok)
+		if state, ok := written[it.out.ID]; ok {
+			p.settle(it, state, true)
+		} else {
+			missing = append(missing, it)
+		}
+	}
+	p.settleMissing(missing)
+}
+
+// settleMissing settles outcomes a fenced write did not write: the claim lost the job (stale),
+// or its row was locked by another transaction (deferred, never dropped while the claim holds).
+func (p *Pool) settleMissing(items []finishItem) {
+	if len(items) == 0 {
+		return
+	}
+	ids, tokens := make([]int64, len(items)), make([]int64, len(items))
+	for i, it := range items {
+		ids[i], tokens[i] = it.out.ID, it.out.Token
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	held, err := store.StillHeld(ctx, controlDB{p}, ids, tokens)
+	cancel()
+	for _, it := range items {
+		switch {
+		case err != nil || held[it.out.ID]:
+			p.deferOutcome(it)
+		default:
+			p.settle(it, "", false)
+		}
 	}
 }
 
-// write stores items' outcomes, recording what was written. While the database is unreachable
-// it retries (a fenced write is safe to repeat; a lease that expires meanwhile simply makes it
-// write nothing) until deadline. When the database rejects the statement itself, one item's
-// content is at fault: the batch is split in halves until the bad outcome is alone, so that one
-// bad outcome never holds back or drops the others; that one is then written without its
-// details, or given up to the rescuer.
-func (p *Pool) write(items []finishItem, written map[int64]string, deadline time.Time) {
+func (p *Pool) deferOutcome(it finishItem) {
+	p.deferredMu.Lock()
+	p.deferred = append(p.deferred, it)
+	p.deferredMu.Unlock()
+	p.poke(p.outcomeWake) // the finisher arms its retry (the claim loop defers outcomes too)
+}
+
+func (p *Pool) takeDeferred() []finishItem {
+	p.deferredMu.Lock()
+	defer p.deferredMu.Unlock()
+	items := p.deferred
+	p.deferred = nil
+	return items
+}
+
+func (p *Pool) deferredCount() int {
+	p.deferredMu.Lock()
+	defer p.deferredMu.Unlock()
+	return len(p.deferred)
+}
+
+// giveUp stops trying to write an outcome: its lease is no longer renewed, and a rescuer takes
+// the job back once it expires.
+func (p *Pool) giveUp(it finishItem, why string) {
+	p.log.Error("giving up writing a job outcome; a rescuer takes the job back when its lease expires",
+		slog.Int64("job_id", it.job.ID), slog.Int64("lease_token", it.job.Token), slog.String("outcome", it.out.State),
+		slog.String("why", why))
+	p.observe(it.job, "", it.dur, false)
+	p.forget(it.job)
+}
+
+// write stores items' outcomes, recording what was written. A connection failure is retried a
+// few times within a second (a fenced write is safe to repeat); what is still not written is
+// then settled by the caller (deferred while the database cannot tell). When the database
+// rejects the statement itself, one item's content is at fault: the batch is split in halves
+// until the bad outcome is alone, so that one bad outcome never holds back or drops the others;
+// that one is then written without its details.
+func (p *Pool) write(items []finishItem, written map[int64]string) {
 	backoff := 20 * time.Millisecond
+	deadline := time.Now().Add(time.Second)
 	for {
 		outs := make([]store.Outcome, len(items))
 		for i := range items {
@@ -85,27 +172,24 @@ func (p *Pool) write(items []finishItem, written map[int64]string, deadline time
 		if rejected(err) {
 			if len(items) > 1 {
 				mid := len(items) / 2
-				p.write(items[:mid], written, deadline)
-				p.write(items[mid:], written, deadline)
+				p.write(items[:mid], written)
+				p.write(items[mid:], written)
 				return
 			}
 			it := items[0]
 			p.log.Error("database rejected a job outcome; writing it without its details",
 				slog.Int64("job_id", it.job.ID), slog.String("outcome", it.out.State), slog.Any("err", err))
 			if bare, ok := withoutDetails(it, err); ok {
-				p.write([]finishItem{bare}, written, deadline)
+				p.write([]finishItem{bare}, written)
 			}
 			return
 		}
 		if time.Now().After(deadline) {
-			p.log.Error("giving up writing job outcomes; their leases have expired and rescuers will take the jobs back",
-				slog.Any("err", err), slog.Int("jobs", len(items)))
+			p.log.Warn("writing job outcomes failed; trying again later", slog.Any("err", err), slog.Int("jobs", len(items)))
 			return
 		}
-		p.log.Warn("writing job outcomes failed; retrying", slog.Any("err", err), slog.Int("jobs", len(items)),
-			slog.Duration("retry_in", backoff))
 		time.Sleep(backoff)
-		backoff = min(backoff*2, time.Second)
+		backoff = min(backoff*2, 200*time.Millisecond)
 	}
 }
 

@@ -35,7 +35,7 @@ func TestWriteSplitsRejectedBatch(t *testing.T) {
 	bad := jobs[6].ID
 	items[6].out.State = "exploded" // violates jobs_state_check whatever its text
 	written := map[int64]string{}
-	p.write(items, written, time.Now().Add(time.Minute))
+	p.write(items, written)
 	if len(written) != 9 {
 		t.Fatalf("wrote %d outcomes, want 9: %v", len(written), written)
 	}

@@ -88,7 +88,7 @@ type PanicError struct {
 }
 
 // Error describes the panic; the stack is in Stack.
-func (e *PanicError) Error() string { return fmt.Sprintf("handler panic: %v", e.Value) }
+func (e *PanicError) Error() string { return "handler panic: " + describe(e.Value) }
 
 // Observer is told about each job as it finishes. Calls come from many goroutines and must be
 // fast.

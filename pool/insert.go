@@ -60,8 +60,8 @@ func params(kind string, payload any, opts *InsertOpts) (store.InsertParams, err
 	if o.Delay < 0 {
 		return store.InsertParams{}, fmt.Errorf("%w: delay %s is negative", ErrInvalidJob, o.Delay)
 	}
-	if o.Timeout < 0 || (o.Timeout > 0 && o.Timeout < time.Millisecond) {
-		return store.InsertParams{}, fmt.Errorf("%w: timeout %s must be at least 1ms", ErrInvalidJob, o.Timeout)
+	if o.Timeout < 0 || (o.Timeout > 0 && o.Timeout < time.Millisecond) || o.Timeout > MaxTimeout {
+		return store.InsertParams{}, fmt.Errorf("%w: timeout %s must be between 1ms and %s", ErrInvalidJob, o.Timeout, MaxTimeout)
 	}
 	if !validName(kind) || !validName(o.Queue) {
 		return store.InsertParams{}, fmt.Errorf("%w: kind and queue must be valid UTF-8 without NUL bytes", ErrInvalidJob)

@@ -73,18 +73,20 @@ type Pool struct {
 	handlersMu sync.RWMutex
 	handlers   map[string]Handler
 
-	listener *listener.Listener
-	startObs StartObserver // Config.Observer, when it also wants starts
-	wake     chan struct{} // a notification or a poll: there may be new jobs
-	slotWake chan struct{} // a handler returned: a slot is free
-	active   atomic.Int64  // handler goroutines not yet returned (each holds one errgroup slot)
-	group    errgroup.Group
-	jobsCtx  context.Context
-	marks    chan struct{} // bounds concurrent recordings of notified revocations
-	waiterID string        // this pool's name in leash.waiters
+	listener    *listener.Listener
+	startObs    StartObserver // Config.Observer, when it also wants starts
+	wake        chan struct{} // a notification or a poll: there may be new jobs
+	slotWake    chan struct{} // a handler returned: a slot is free
+	active      atomic.Int64  // handler goroutines not yet returned (each holds one errgroup slot)
+	group       errgroup.Group
+	jobsCtx     context.Context
+	revocations *recorder // writes notified revocations into their rows
+	waiterID    string    // this pool's name in leash.waiters
 
 	finishCh    chan finishItem
 	outcomeWake chan struct{} // an outcome was queued: the finisher's flush interval starts
+	deferredMu  sync.Mutex
+	deferred    []finishItem // outcomes whose row was locked by another transaction
 	// outcomes counts started attempts whose outcome is neither queued for the finisher nor
 	// abandoned; the finisher stops only once it is zero, so no outcome is ever left behind.
 	outcomes sync.WaitGroup
@@ -113,10 +115,10 @@ func New(db *pgxpool.Pool, cfg Config) (*Pool, error) {
 		db: db, cfg: cfg, log: cfg.Logger.With(slog.String("worker", cfg.ID)), metrics: &Metrics{},
 		handlers: map[string]Handler{}, wake: make(chan struct{}, 1), slotWake: make(chan struct{}, 1),
 		finishCh: make(chan finishItem, 4*cfg.Concurrency+16), outcomeWake: make(chan struct{}, 1),
-		marks:   make(chan struct{}, 4),
 		running: map[int64]*Job{}, shutdownCh: make(chan struct{}), done: make(chan struct{}),
 	}
 	p.startObs, _ = cfg.Observer.(StartObserver)
+	p.revocations = newRecorder(p)
 	p.waiterID = cfg.ID + "/" + rand.Text()[:8]
 	p.keeper = lease.NewKeeper(controlDB{p}, cfg.leaseConfig(), p.leases, p.log, &p.metrics.Lease)
 	p.group.SetLimit(cfg.Concurrency)
@@ -243,6 +245,11 @@ func (p *Pool) Run(ctx context.Context) error {
 		return errors.New("pool: Run called twice")
 	}
 	defer close(p.done)
+	select {
+	case <-p.shutdownCh:
+		return nil // shut down before it started: claim nothing
+	default:
+	}
 	ctl, err := p.openControl(ctx)
 	if err != nil {
 		return err
@@ -257,7 +264,7 @@ func (p *Pool) Run(ctx context.Context) error {
 	defer stopServices()
 	services, svcCtx := errgroup.WithContext(svcCtx)
 	rescuer := &lease.Rescuer{DB: controlDB{p}, Interval: p.cfg.RescueInterval, Logger: p.log, Metrics: &p.metrics.Lease}
-	for _, svc := range []func(context.Context){p.keeper.Run, rescuer.Run, p.watchStalls, p.runRetention,
+	for _, svc := range []func(context.Context){p.keeper.Run, rescuer.Run, p.watchStalls, p.runRetention, p.revocations.run,
 		func(ctx context.Context) { p.listener.Run(ctx) }} {
 		services.Go(func() error { svc(svcCtx); return nil })
 	}

@@ -3,6 +3,7 @@ package pool
 import (
 	"context"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/leashq/leash/internal/store"
@@ -10,16 +11,17 @@ import (
 )
 
 // onRevoked handles a job_revoked notification on the listener's goroutine: it must not block,
-// so database work goes to its own goroutine.
+// so database work goes to the revocation recorder.
 func (p *Pool) onRevoked(r notify.Revocation) {
 	l := p.lookup(r.ID, r.Token)
-	if l == nil || l.Cause() != nil || l.Finishing() {
-		return // not ours, an earlier claim, or already ending
+	if l == nil {
+		return // not ours, or an earlier claim
 	}
 	if p.cfg.RevokeRequireRow || r.Takeover {
 		// Trust only the row: one renewal statement re-checks every lease and ends revoked or
 		// lost ones with the right cause. A takeover is always checked so, since anyone who can
-		// connect can send one: a forged takeover costs one early renewal, not a duplicate run.
+		// connect can send one: a forged takeover costs an early renewal (at most one per
+		// RenewRetryInterval, however many arrive), not a duplicate run.
 		p.keeper.Kick(false)
 		return
 	}
@@ -27,26 +29,106 @@ func (p *Pool) onRevoked(r notify.Revocation) {
 	if reason == "" {
 		reason = defaultRevokeReason
 	}
+	// Durable first, whatever the lease's state: a handler that is already stopping (timed out,
+	// shut down, its outcome waiting to be written) must not outlive the revocation and put the
+	// job back in the queue.
+	p.revocations.add(r.ID, reason)
 	if !l.End(&revocation{reason: reason}) {
 		return
 	}
 	p.metrics.RevokedByNotification.Add(1)
 	p.log.Info("job revoked by notification; cancelling", slog.Int64("job_id", r.ID), slog.Int64("lease_token", l.Token),
 		slog.String("reason", reason))
-	// Make it durable in the row at once, fenced by our token (the cancelled outcome records it
-	// too, whichever lands first). A revocation sent by revoke_job is already there: the write
-	// changes nothing. At most a few run at once; beyond that the outcome records it.
-	select {
-	case p.marks <- struct{}{}:
-	default:
-		return
+}
+
+// recorder writes revocations that arrived as notifications into their jobs' rows, in batches,
+// without ever waiting on a row lock: a job whose row another transaction holds is tried again
+// until it is written or no longer revocable. It never drops one while the pool runs.
+type recorder struct {
+	p    *Pool
+	wake chan struct{}
+
+	mu      sync.Mutex
+	pending map[int64]string // job id -> reason
+}
+
+func newRecorder(p *Pool) *recorder {
+	return &recorder{p: p, wake: make(chan struct{}, 1), pending: map[int64]string{}}
+}
+
+func (r *recorder) add(id int64, reason string) {
+	r.mu.Lock()
+	if _, dup := r.pending[id]; !dup {
+		r.pending[id] = reason
 	}
-	go func() {
-		defer func() { <-p.marks }()
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if _, err := store.MarkRevoked(ctx, controlDB{p}, r.ID, l.Token, reason); err != nil {
-			p.log.Warn("recording revocation failed", slog.Int64("job_id", r.ID), slog.Any("err", err))
+	r.mu.Unlock()
+	r.p.poke(r.wake)
+}
+
+// run records until ctx is done, then tries once more with what is pending.
+func (r *recorder) run(ctx context.Context) {
+	backoff := 20 * time.Millisecond
+	for {
+		var retry <-chan time.Time
+		if r.count() > 0 {
+			retry = time.After(backoff)
 		}
-	}()
+		select {
+		case <-ctx.Done():
+			fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			r.flush(fctx)
+			cancel()
+			if n := r.count(); n > 0 {
+				r.p.log.Warn("revocations not recorded at shutdown; their jobs' outcomes record them", slog.Int("jobs", n))
+			}
+			return
+		case <-r.wake:
+		case <-retry:
+		}
+		if r.flush(ctx) {
+			backoff = 20 * time.Millisecond
+		} else {
+			backoff = min(2*backoff, time.Second)
+		}
+	}
+}
+
+func (r *recorder) count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.pending)
+}
+
+// flush writes what is pending and reports whether nothing is left.
+func (r *recorder) flush(ctx context.Context) bool {
+	r.mu.Lock()
+	ids, reasons := make([]int64, 0, len(r.pending)), make([]string, 0, len(r.pending))
+	for id, reason := range r.pending {
+		ids, reasons = append(ids, id), append(reasons, reason)
+	}
+	r.mu.Unlock()
+	if len(ids) == 0 {
+		return true
+	}
+	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	locked, err := store.MarkRevoked(sctx, controlDB{r.p}, ids, reasons)
+	cancel()
+	if err != nil {
+		if ctx.Err() == nil {
+			r.p.log.Warn("recording revocations failed; trying again", slog.Any("err", err), slog.Int("jobs", len(ids)))
+		}
+		return false
+	}
+	still := make(map[int64]bool, len(locked))
+	for _, id := range locked {
+		still[id] = true
+	}
+	r.mu.Lock()
+	for _, id := range ids {
+		if !still[id] {
+			delete(r.pending, id)
+		}
+	}
+	r.mu.Unlock()
+	return len(locked) == 0
 }

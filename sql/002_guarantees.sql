@@ -8,10 +8,12 @@
 -- configured). Checked for new rows only (NOT VALID): every existing row is NULL, and
 -- validating would scan the table under an exclusive lock.
 ALTER TABLE leash.jobs ADD COLUMN timeout interval;
-ALTER TABLE leash.jobs ADD CONSTRAINT jobs_timeout_check CHECK (timeout IS NULL OR timeout > interval '0') NOT VALID;
+ALTER TABLE leash.jobs ADD CONSTRAINT jobs_timeout_check
+    CHECK (timeout IS NULL OR (timeout >= interval '1 millisecond' AND timeout <= interval '100 days')) NOT VALID;
 
 -- Every notification leash sends is skipped when the server's notification queue is over half
--- full, so that a stuck listener anywhere can never make a claim, an outcome, a rescue or a
+-- full (and a revocation's reason is cut to 200 characters in it, so that no reason, however
+-- long, can make the payload too long for pg_notify and fail the revocation), so that a stuck listener anywhere can never make a claim, an outcome, a rescue or a
 -- revocation fail at commit. Workers poll and re-check their leases, so a skipped notification
 -- only costs latency.
 CREATE OR REPLACE FUNCTION leash.notify_available(queue text) RETURNS boolean
@@ -25,8 +27,8 @@ RETURNS boolean
 LANGUAGE sql AS $$
     SELECT CASE WHEN pg_notification_queue_usage() > 0.5 THEN false
                 ELSE (SELECT true FROM pg_notify('job_revoked', CASE WHEN takeover
-                    THEN json_build_object('id', job_id, 'token', token, 'reason', reason, 'takeover', true)
-                    ELSE json_build_object('id', job_id, 'token', token, 'reason', reason) END::text)) END
+                    THEN json_build_object('id', job_id, 'token', token, 'reason', left(reason, 200), 'takeover', true)
+                    ELSE json_build_object('id', job_id, 'token', token, 'reason', left(reason, 200)) END::text)) END
 $$;
 
 -- The revocation rule, enforced for every writer (workers of any release, consoles, scripts):

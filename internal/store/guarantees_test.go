@@ -269,7 +269,7 @@ func TestEveryNotifyGuarded(t *testing.T) {
 	// Revocation notifies job_revoked (revoke_job runs with a fixed search_path, so the trigger
 	// path is taken through a plain UPDATE here; it is the same function).
 	exec(t, full, `UPDATE leash.jobs SET revoked_at = now() WHERE id = $1`, jobs[2].ID)
-	if _, err := store.MarkRevoked(ctx, full, jobs[3].ID, jobs[3].Token, "r"); err != nil {
+	if _, err := store.MarkRevoked(ctx, full, []int64{jobs[3].ID}, []string{"r"}); err != nil {
 		t.Fatal(err)
 	}
 	// Rescue notifies job_revoked (takeover) and job_available.
@@ -377,5 +377,19 @@ func TestFinishAndClaimIsOneTransaction(t *testing.T) {
 	ws, jobs, err := store.FinishAndClaim(ctx, db, []store.Outcome{{ID: j.ID, Token: j.Token, State: "completed"}}, params)
 	if err != nil || len(ws) != 1 || ws[0].State != "completed" || len(jobs) != 1 {
 		t.Fatalf("finish and claim: %+v %+v %v", ws, jobs, err)
+	}
+}
+
+// Progress values with escapes jsonb refuses (lone surrogates, NUL) are stored cleaned.
+func TestProgressWithHostileEscapes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	store.Insert(ctx, db, jp(store.InsertParams{Kind: "k"}))
+	j := claimOne(t, db, time.Minute)
+	for _, v := range []string{`{"a":"\ud800"}`, `{"\ud83d":1}`, `{"b":"x\u0000y"}`, `["\udfff\u0000"]`} {
+		if err := store.SetProgress(ctx, db, j.ID, j.Token, []byte(v)); err != nil {
+			t.Fatalf("SetProgress(%s): %v", v, err)
+		}
 	}
 }

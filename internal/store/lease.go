@@ -49,7 +49,7 @@ const claimSQL = `
 	WHERE j.id = picked.id
 	RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.attempt, j.max_attempts, j.lease_token,
 	          j.created_at, j.run_at, j.attempted_at,
-	          coalesce((extract(epoch FROM j.timeout) * 1000)::bigint, 0)`
+	          coalesce(ceil(extract(epoch FROM j.timeout) * 1000)::bigint, 0)`
 
 var (
 	claimOneQueueSQL   = fmt.Sprintf(claimSQL, "queue = $1")

@@ -62,8 +62,10 @@ func (o *Outcome) encodeError() (*string, error) {
 }
 
 // Finish writes many outcomes in one statement, each guarded by its id and lease token, and
-// returns what it wrote. An id missing from the result had lost its lease: nothing was written
-// for it. A statement error fails the whole batch; the caller splits it to find the bad item.
+// returns what it wrote. It never waits on a row lock. An id missing from the result had lost
+// its lease, or its row was locked by another transaction (StillHeld tells them apart): nothing
+// was written for it. A statement error fails the whole batch; the caller splits it to find the
+// bad item.
 func Finish(ctx context.Context, db DBTX, outs []Outcome) ([]Written, error) {
 	q, args, err := finishQuery(outs)
 	if err != nil {
@@ -115,14 +117,15 @@ func scanWritten(rows pgx.Rows, n int) ([]Written, error) {
 
 const finishSQL = `
 		WITH u AS (
-			-- Locked in id order, like every multi-row write, so that two of them never wait on
-			-- each other in a cycle; the token is checked here, on the latest row version.
+			-- The token is checked here, on the latest row version. A row another transaction
+			-- holds (an operator's UPDATE, a report's FOR SHARE) is skipped rather than waited
+			-- for: the caller tries that one outcome again later, and the others are written now.
 			SELECT j.id, i.state, i.delay_ms, i.give_back, i.err, i.revoke
 			FROM leash.jobs j
 			JOIN unnest($1::bigint[], $2::bigint[], $3::text[], $4::bigint[], $5::boolean[], $6::jsonb[], $7::text[])
 				AS i(id, token, state, delay_ms, give_back, err, revoke) ON j.id = i.id AND j.lease_token = i.token
 			ORDER BY j.id
-			FOR NO KEY UPDATE OF j
+			FOR NO KEY UPDATE OF j SKIP LOCKED
 		)
 		UPDATE leash.jobs j
 		SET state = u.state,
@@ -138,6 +141,27 @@ const finishSQL = `
 		WHERE j.id = u.id
 		RETURNING j.id, j.state,
 		    CASE WHEN j.state IN ('available', 'retryable') AND j.run_at <= now() THEN leash.notify_available(j.queue) END`
+
+// StillHeld returns which of the jobs ids[i] still carry tokens[i] (read without a lock): an
+// outcome Finish did not write for such a job met a locked row, not a lost lease.
+func StillHeld(ctx context.Context, db DBTX, ids, tokens []int64) (map[int64]bool, error) {
+	rows, err := db.Query(ctx, `
+		SELECT j.id FROM leash.jobs j
+		JOIN unnest($1::bigint[], $2::bigint[]) AS u(id, token) ON j.id = u.id AND j.lease_token = u.token
+		WHERE j.state = 'running'`, ids, tokens)
+	if err != nil {
+		return nil, fmt.Errorf("read leases: %w", err)
+	}
+	held, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return nil, fmt.Errorf("read leases: %w", err)
+	}
+	out := make(map[int64]bool, len(held))
+	for _, id := range held {
+		out[id] = true
+	}
+	return out, nil
+}
 
 // ErrFenced means a fenced write found the lease gone: the job is no longer held under the
 // token the caller has.

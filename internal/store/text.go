@@ -38,10 +38,12 @@ func CleanText(s string, max int) string {
 }
 
 // CleanJSON makes a JSON document storable as jsonb: strings (keys included) holding NUL, which
-// jsonb rejects as \u0000, get U+FFFD instead, as do invalid UTF-8 bytes. A document without
+// jsonb rejects as \u0000, or lone surrogates get U+FFFD instead, as do invalid UTF-8 bytes. A document without
 // either is returned as is. It fails only for invalid JSON.
 func CleanJSON(b []byte) ([]byte, error) {
-	if !bytes.Contains(b, []byte(`\u0000`)) && utf8.Valid(b) && bytes.IndexByte(b, 0) < 0 {
+	// Any \u escape may be a NUL or a lone surrogate (jsonb refuses both): those documents are
+	// decoded and encoded again; Go's encoder writes neither.
+	if !bytes.Contains(b, []byte(`\u`)) && utf8.Valid(b) && bytes.IndexByte(b, 0) < 0 {
 		return b, nil
 	}
 	dec := json.NewDecoder(bytes.NewReader(b))
