@@ -184,7 +184,7 @@ func cmdRun(ctx context.Context, e env, log *slog.Logger) error {
 	if ln != nil {
 		policy.Self = ln.Addr().String()
 	}
-	if err := handlers.Register(p, handlers.Options{ExecAllow: e.ExecAllow, ExecGrace: e.ExecGrace, HTTPPolicy: policy}); err != nil {
+	if err := handlers.Register(p, handlers.Options{ExecAllow: e.ExecAllow, ExecGrace: e.ExecGrace, ExecEnvAllow: e.ExecEnvAllow, HTTPPolicy: policy}); err != nil {
 		return err
 	}
 	if ln != nil {

@@ -52,6 +52,7 @@ func TestBadConfigNamesTheVariable(t *testing.T) {
 		"LOG_FORMAT":                   {"LOG_FORMAT", "xml"},
 		"WORKER_DB_MAX_CONNS":          {"WORKER_DB_MAX_CONNS", "0"},
 		"WORKER_CONTROL_CONNS":         {"WORKER_CONTROL_CONNS", "1"},
+		"WORKER_EXEC_ENV_ALLOW":        {"WORKER_EXEC_ENV_ALLOW", "A*B"},
 		"WORKER_JOB_TIMEOUTS":          {"WORKER_JOB_TIMEOUTS", "http:-1s"},
 		"WORKER_JOB_TIMEOUTS=parse":    {"WORKER_JOB_TIMEOUTS", "http:soon"},
 		"WORKER_REVOKE_REQUIRE_ROW":    {"WORKER_REVOKE_REQUIRE_ROW", "maybe"},
