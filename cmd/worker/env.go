@@ -44,7 +44,6 @@ type env struct {
 	ExecAllow           []string                 `env:"WORKER_EXEC_ALLOW"`
 	ExecGrace           time.Duration            `env:"WORKER_EXEC_GRACE, default=5s"`
 	ExecEnvAllow        []string                 `env:"WORKER_EXEC_ENV_ALLOW"`
-	ExecEnvAllow        []string                 `env:"WORKER_EXEC_ENV_ALLOW"`
 	WebhookAllow        []string                 `env:"WORKER_WEBHOOK_ALLOW"`
 	WebhookBlockPrivate bool                     `env:"WORKER_WEBHOOK_BLOCK_PRIVATE, default=false"`
 	JobTimeouts         map[string]time.Duration `env:"WORKER_JOB_TIMEOUTS"`
@@ -104,9 +103,6 @@ func loadEnv(ctx context.Context, getenv func(string) string) (env, error) {
 		if !filepath.IsAbs(strings.TrimSpace(c)) {
 			return e, fmt.Errorf("WORKER_EXEC_ALLOW: %q must be an absolute path", c)
 		}
-	}
-	if err := handlers.CheckExecEnvAllow(e.ExecEnvAllow); err != nil {
-		return e, fmt.Errorf("WORKER_EXEC_ENV_ALLOW: %w", err)
 	}
 	if err := handlers.CheckExecEnvAllow(e.ExecEnvAllow); err != nil {
 		return e, fmt.Errorf("WORKER_EXEC_ENV_ALLOW: %w", err)
