@@ -28,7 +28,7 @@ import (
 
 var (
 	flagJobs  = flag.Int("jobs", 50000, "jobs in each burn-down")
-	flagOnly  = flag.String("only", "", "comma-separated scenarios to run (burn,burn2000,producers,steady,pickup,revoke,heartbeat,scale,memory,ablation)")
+	flagOnly  = flag.String("only", "", "comma-separated scenarios to run (burn,burn2000,producers,steady,pickup,revoke,heartbeat,scale,memory,ablation; sustained runs only when named)")
 	flagFsync = flag.Bool("fsync", true, "run the private cluster with durable commits (fsync on), as production databases run; false for the old, faster setting")
 )
 
@@ -83,6 +83,9 @@ func main() {
 	run("burn2000", b.burnDown2000)
 	run("producers", b.producers)
 	run("steady", b.steady)
+	if only["sustained"] {
+		b.sustained(ctx) // minutes long: only when asked for
+	}
 	run("pickup", b.pickup)
 	run("revoke", b.revocation)
 	run("heartbeat", b.heartbeat)
