@@ -181,22 +181,22 @@ func (p *Pool) leases() []*lease.Lease {
 	return out
 }
 
-// lookup returns the lease of the running attempt of job id; with token not zero, only that
-// claim's. The same job may be running twice on this worker (claimed again while an attempt
-// that was taken over is stopping): without a token, the lease that has not ended wins.
-func (p *Pool) lookup(id, token int64) *lease.Lease {
+// lookupJob returns the running attempt of job id; with token not zero, only that claim's. The
+// same job may be running twice on this worker (claimed again while an attempt that was taken
+// over is stopping): without a token, the attempt whose lease has not ended wins.
+func (p *Pool) lookupJob(id, token int64) *Job {
 	p.runningMu.Lock()
 	defer p.runningMu.Unlock()
 	if token != 0 {
 		if j := p.running[token]; j != nil && j.ID == id {
-			return j.lease
+			return j
 		}
 		return nil
 	}
-	var found *lease.Lease
+	var found *Job
 	for _, j := range p.running {
 		if j.ID == id && (found == nil || j.lease.Cause() == nil) {
-			found = j.lease
+			found = j
 		}
 	}
 	return found

@@ -2,21 +2,24 @@ package pool
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sync"
 	"time"
 
 	"github.com/leashq/leash/internal/store"
+	"github.com/leashq/leash/lease"
 	"github.com/leashq/leash/notify"
 )
 
 // onRevoked handles a job_revoked notification on the listener's goroutine: it must not block,
 // so database work goes to the revocation recorder.
 func (p *Pool) onRevoked(r notify.Revocation) {
-	l := p.lookup(r.ID, r.Token)
-	if l == nil {
-		return // not ours, or an earlier claim
+	j := p.lookupJob(r.ID, r.Token)
+	if j == nil || errors.Is(j.lease.Cause(), lease.ErrLost) {
+		return // not ours, an earlier claim, or a claim another worker has taken over
 	}
+	l := j.lease
 	if p.cfg.RevokeRequireRow || r.Takeover {
 		// Trust only the row: one renewal statement re-checks every lease and ends revoked or
 		// lost ones with the right cause. A takeover is always checked so, since anyone who can
@@ -32,7 +35,7 @@ func (p *Pool) onRevoked(r notify.Revocation) {
 	// Durable first, whatever the lease's state: a handler that is already stopping (timed out,
 	// shut down, its outcome waiting to be written) must not outlive the revocation and put the
 	// job back in the queue.
-	p.revocations.add(r.ID, reason)
+	p.revocations.add(store.Revocation{ID: r.ID, Token: l.Token, Attempt: int32(j.Attempt), Reason: reason, Job: r.Token == 0})
 	if !l.End(&revocation{reason: reason}) {
 		return
 	}
@@ -49,17 +52,17 @@ type recorder struct {
 	wake chan struct{}
 
 	mu      sync.Mutex
-	pending map[int64]string // job id -> reason
+	pending map[int64]store.Revocation // by claim token
 }
 
 func newRecorder(p *Pool) *recorder {
-	return &recorder{p: p, wake: make(chan struct{}, 1), pending: map[int64]string{}}
+	return &recorder{p: p, wake: make(chan struct{}, 1), pending: map[int64]store.Revocation{}}
 }
 
-func (r *recorder) add(id int64, reason string) {
+func (r *recorder) add(rv store.Revocation) {
 	r.mu.Lock()
-	if _, dup := r.pending[id]; !dup {
-		r.pending[id] = reason
+	if old, dup := r.pending[rv.Token]; !dup || (rv.Job && !old.Job) {
+		r.pending[rv.Token] = rv
 	}
 	r.mu.Unlock()
 	r.p.poke(r.wake)
@@ -102,20 +105,20 @@ func (r *recorder) count() int {
 // flush writes what is pending and reports whether nothing is left.
 func (r *recorder) flush(ctx context.Context) bool {
 	r.mu.Lock()
-	ids, reasons := make([]int64, 0, len(r.pending)), make([]string, 0, len(r.pending))
-	for id, reason := range r.pending {
-		ids, reasons = append(ids, id), append(reasons, reason)
+	rs := make([]store.Revocation, 0, len(r.pending))
+	for _, rv := range r.pending {
+		rs = append(rs, rv)
 	}
 	r.mu.Unlock()
-	if len(ids) == 0 {
+	if len(rs) == 0 {
 		return true
 	}
 	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	locked, err := store.MarkRevoked(sctx, controlDB{r.p}, ids, reasons)
+	locked, err := store.MarkRevoked(sctx, controlDB{r.p}, rs)
 	cancel()
 	if err != nil {
 		if ctx.Err() == nil {
-			r.p.log.Warn("recording revocations failed; trying again", slog.Any("err", err), slog.Int("jobs", len(ids)))
+			r.p.log.Warn("recording revocations failed; trying again", slog.Any("err", err), slog.Int("jobs", len(rs)))
 		}
 		return false
 	}
@@ -124,9 +127,9 @@ func (r *recorder) flush(ctx context.Context) bool {
 		still[id] = true
 	}
 	r.mu.Lock()
-	for _, id := range ids {
-		if !still[id] {
-			delete(r.pending, id)
+	for _, rv := range rs {
+		if !still[rv.ID] {
+			delete(r.pending, rv.Token)
 		}
 	}
 	r.mu.Unlock()

@@ -269,7 +269,7 @@ func TestEveryNotifyGuarded(t *testing.T) {
 	// Revocation notifies job_revoked (revoke_job runs with a fixed search_path, so the trigger
 	// path is taken through a plain UPDATE here; it is the same function).
 	exec(t, full, `UPDATE leash.jobs SET revoked_at = now() WHERE id = $1`, jobs[2].ID)
-	if _, err := store.MarkRevoked(ctx, full, []int64{jobs[3].ID}, []string{"r"}); err != nil {
+	if _, err := store.MarkRevoked(ctx, full, []store.Revocation{{ID: jobs[3].ID, Token: jobs[3].Token, Attempt: 1, Reason: "r"}}); err != nil {
 		t.Fatal(err)
 	}
 	// Rescue notifies job_revoked (takeover) and job_available.

@@ -7,22 +7,43 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// MarkRevoked records revocations that arrived as notifications for jobs this worker holds (or
-// just held): revoked_at and the reason, on every job of ids that is not final and not revoked
-// yet. A queued job (an outcome put it back in the queue meanwhile) is cancelled by the
-// database's revocation rule. It never waits on a row lock: it returns the ids whose row was
-// locked by another transaction, to try again later; every other id is settled.
-func MarkRevoked(ctx context.Context, db DBTX, ids []int64, reasons []string) (locked []int64, err error) {
-	clean := make([]string, len(reasons))
-	for i, r := range reasons {
-		clean[i] = CleanText(r, MaxReasonBytes)
+// Revocation is a revocation that arrived as a notification for a claim this worker holds (or
+// just held), to record in the job's row.
+type Revocation struct {
+	ID      int64
+	Token   int64 // the claim
+	Attempt int32 // the claim's attempt
+	Reason  string
+	// Job is true for a revocation of the job (a bare id, as typed in psql): if the claim has
+	// just ended with the job back in the queue, and nobody has claimed it since, the queued job
+	// is revoked (and so cancelled). False for a revocation of that claim only.
+	Job bool
+}
+
+// MarkRevoked records revocations: revoked_at and the reason, on every job still held by the
+// revocation's claim, or, for a revocation of the job, put back in the queue by that claim's
+// outcome since (the database's revocation rule then cancels it). It never waits on a row lock:
+// it returns the ids whose row was locked by another transaction, to try again later; every
+// other revocation is settled (written, or no longer applicable).
+func MarkRevoked(ctx context.Context, db DBTX, rs []Revocation) (locked []int64, err error) {
+	n := len(rs)
+	ids, tokens, attempts, reasons, jobs := make([]int64, n), make([]int64, n), make([]int32, n), make([]string, n), make([]bool, n)
+	for i, r := range rs {
+		ids[i], tokens[i], attempts[i], reasons[i], jobs[i] = r.ID, r.Token, r.Attempt, CleanText(r.Reason, MaxReasonBytes), r.Job
 	}
 	rows, err := db.Query(ctx, `
 		WITH wanted AS (
-			SELECT u.id, u.reason FROM unnest($1::bigint[], $2::text[]) AS u(id, reason)
-		), target AS (
+			SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::int[], $4::text[], $5::boolean[])
+				AS u(id, token, attempt, reason, job)
+		), applicable AS (
 			SELECT j.id, w.reason FROM leash.jobs j JOIN wanted w ON j.id = w.id
-			WHERE j.revoked_at IS NULL AND j.state IN ('running', 'available', 'retryable')
+			WHERE j.revoked_at IS NULL AND (
+			    (j.state = 'running' AND j.lease_token = w.token)
+			    -- Put back in the queue by this claim's outcome (a retry keeps the attempt, a
+			    -- hand-back gives it back), and not claimed since.
+			 OR (w.job AND j.state IN ('available', 'retryable') AND j.attempt IN (w.attempt, w.attempt - 1)))
+		), target AS (
+			SELECT j.id, a.reason FROM leash.jobs j JOIN applicable a ON j.id = a.id
 			ORDER BY j.id
 			FOR NO KEY UPDATE OF j SKIP LOCKED
 		), done AS (
@@ -30,9 +51,7 @@ func MarkRevoked(ctx context.Context, db DBTX, ids []int64, reasons []string) (l
 			FROM target t WHERE j.id = t.id
 			RETURNING j.id
 		)
-		SELECT j.id FROM leash.jobs j JOIN wanted w ON j.id = w.id
-		WHERE j.revoked_at IS NULL AND j.state IN ('running', 'available', 'retryable')
-		  AND j.id NOT IN (SELECT id FROM done)`, ids, clean)
+		SELECT id FROM applicable WHERE id NOT IN (SELECT id FROM done)`, ids, tokens, attempts, reasons, jobs)
 	if err != nil {
 		return nil, fmt.Errorf("record revocations: %w", err)
 	}
