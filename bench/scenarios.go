@@ -477,8 +477,8 @@ func (b *bench) ablation(ctx context.Context) {
 		cfg  pool.Config
 	}{
 		{"leash defaults", pool.Config{}},
-		{"leash, outcomes on their own commits", pool.Config{OutcomesOnOwnCommit: true}},
-		{"leash, outcomes not gathered (1µs window, own commits)", pool.Config{FinishFlushInterval: time.Microsecond, OutcomesOnOwnCommit: true}},
+		{"leash, outcomes with the next claim", pool.Config{OutcomesWithClaims: true}},
+		{"leash, outcomes not gathered (1µs window)", pool.Config{FinishFlushInterval: time.Microsecond}},
 		{"leash, 10 slots", pool.Config{Concurrency: 10}},
 	} {
 		db := open(ctx, b.freshDB(ctx), 10)

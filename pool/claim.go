@@ -124,8 +124,9 @@ func (p *Pool) jitteredPoll() time.Duration {
 	return d - d/10 + time.Duration(rand.Int64N(int64(d)/5+1))
 }
 
-// claim leases up to limit jobs in one statement and starts them. Outcomes waiting to be written
-// ride along: they are written in the same transaction, one commit for both. The statement is
+// claim leases up to limit jobs in one statement and starts them. With OutcomesWithClaims,
+// outcomes waiting to be written ride along: they are written in the same transaction, one
+// commit for both. The statement is
 // not cut short by ctx: jobs it claims are always started (and handed back on shutdown), never
 // stranded.
 func (p *Pool) claim(ctx context.Context, limit int) (int, error) {
@@ -133,7 +134,7 @@ func (p *Pool) claim(ctx context.Context, limit int) (int, error) {
 	defer cancel()
 	params := store.ClaimParams{Queues: p.cfg.Queues, Limit: limit, WorkerID: p.cfg.ID, Lease: p.cfg.LeaseDuration}
 	var items []finishItem
-	if !p.cfg.OutcomesOnOwnCommit {
+	if p.cfg.OutcomesWithClaims {
 		items = p.takeOutcomes()
 	}
 	sentAt := time.Now()

@@ -68,9 +68,13 @@ type Config struct {
 	// FinishFlushInterval is the longest a finished job's outcome waits to be written with
 	// others. Default 2ms.
 	FinishFlushInterval time.Duration
-	// OutcomesOnOwnCommit writes outcomes only in transactions of their own, never along with the
-	// next claim (one commit more per claim under load). For measurement; default false.
-	OutcomesOnOwnCommit bool
+	// OutcomesWithClaims writes outcomes that are waiting when a claim is due in the claim's own
+	// transaction (one pipelined round trip and one commit for both) instead of leaving them to
+	// the finisher. Fewer commits, but the claim loop then carries every write on one connection:
+	// on the development machine a burn-down ran 0.8–1.0x as fast as with the default, where
+	// claims and outcomes commit side by side on two connections (see README, Performance).
+	// Default false.
+	OutcomesWithClaims bool
 	// StallInterval is how often handlers that ignore their cancelled context are logged.
 	// Default LeaseDuration.
 	StallInterval time.Duration

@@ -389,3 +389,54 @@ func TestForgedTakeoverFloodIsRateLimited(t *testing.T) {
 		t.Fatalf("forged takeovers ended the lease: %v", err)
 	}
 }
+
+// With OutcomesWithClaims, outcomes ride on the next claim's transaction: every job still ends
+// once, a locked row still holds back only its own outcome.
+func TestOutcomesWithClaims(t *testing.T) {
+	t.Parallel()
+	cfg := fastConfig()
+	cfg.OutcomesWithClaims = true
+	cfg.LeaseDuration, cfg.HeartbeatInterval = 10*time.Second, time.Second
+	db := pgtest.Pool(t)
+	var runs runCounter
+	locked := make(chan struct{})
+	p, b := setup(t, db, cfg, map[string]pool.Handler{
+		"noop": pool.HandlerFunc(func(ctx context.Context, j *pool.Job) error { runs.start(j.ID); return nil }),
+		"held": pool.HandlerFunc(func(ctx context.Context, j *pool.Job) error { runs.start(j.ID); <-locked; return nil }),
+	})
+	held := insert(t, db, "held", nil, nil)
+	start(t, p)
+	waitFor(t, 10*time.Second, func() bool { return p.Busy() == 1 })
+	ctx := context.Background()
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, "SELECT 1 FROM leash.jobs WHERE id = $1 FOR UPDATE", held); err != nil {
+		t.Fatal(err)
+	}
+	close(locked)
+	params := make([]pool.InsertManyParams, 300)
+	for i := range params {
+		params[i].Kind = "noop"
+	}
+	if _, err := pool.InsertMany(ctx, db, params); err != nil {
+		t.Fatal(err)
+	}
+	b.events.wait(t, 300, 20*time.Second)
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	b.events.wait(t, 1, 10*time.Second)
+	var n int
+	db.QueryRow(ctx, "SELECT count(*) FROM leash.jobs WHERE state = 'completed' AND attempt = 1").Scan(&n)
+	if n != 301 {
+		t.Fatalf("%d of 301 jobs completed at attempt 1", n)
+	}
+	for id, k := range runs.runs {
+		if k != 1 {
+			t.Fatalf("job %d ran %d times", id, k)
+		}
+	}
+}

@@ -18,8 +18,8 @@ type finishItem struct {
 	dur time.Duration
 }
 
-// runFinisher writes the outcomes the claim loop has not taken along with a claim: an outcome
-// waits at most FinishFlushInterval, then whatever is queued is written in one fenced statement.
+// runFinisher writes outcomes (those the claim loop has not taken along with a claim, with
+// OutcomesWithClaims): an outcome waits at most FinishFlushInterval, then whatever is queued is written in one fenced statement.
 // Outcomes whose row another transaction holds are tried again, with backoff, for as long as
 // their claim holds the job. After stop it writes what is queued, keeps trying the deferred ones
 // for up to ShutdownTimeout, and returns; Run closes stop only once every outcome is queued.
@@ -34,7 +34,8 @@ func (p *Pool) runFinisher(stop <-chan struct{}) {
 		}
 		select {
 		case <-p.outcomeWake:
-			// Give the claim loop the flush interval to take them along; then write what is left.
+			// Let others join them for the flush interval (with OutcomesWithClaims, give the claim
+			// loop that long to take them along); then write what is left.
 			timer.Reset(p.cfg.FinishFlushInterval)
 			select {
 			case <-timer.C:
