@@ -1530,9 +1530,11 @@ func (m *model) checkJob(mj *mjob, r mrow, effects []mledger) {
 	slices.SortFunc(execs, func(a, b *mexec) int { return int(a.token - b.token) })
 	byToken := map[int64]*mexec{}
 	for _, e := range execs {
-		e.mu.Lock() // the handler's goroutines are done; this orders with their last writes
+		// The handler's goroutines are done; taking the lock orders this with their last writes.
+		e.mu.Lock()
+		token := e.token
 		e.mu.Unlock()
-		byToken[e.token] = e
+		byToken[token] = e
 	}
 	rescuedAt := map[int64]time.Time{}
 	wrote := map[int64]bool{}
