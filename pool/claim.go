@@ -159,15 +159,7 @@ func (p *Pool) claim(ctx context.Context, limit int) (int, error) {
 		for _, w := range ws {
 			written[w.ID] = w.State
 		}
-		var missing []finishItem
-		for _, it := range items {
-			if state, ok := written[it.out.ID]; ok {
-				p.settle(it, state, true)
-			} else {
-				missing = append(missing, it)
-			}
-		}
-		p.settleMissing(missing)
+		p.settleAll(items, written)
 	}
 	if err != nil {
 		return 0, err

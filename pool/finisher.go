@@ -82,8 +82,14 @@ func (p *Pool) flush(batch []finishItem) {
 	}
 	written := make(map[int64]string, len(batch))
 	p.write(batch, written)
+	p.settleAll(batch, written)
+}
+
+// settleAll settles every item of a batch: those in written (id -> state stored) as written,
+// the others as settleMissing decides.
+func (p *Pool) settleAll(items []finishItem, written map[int64]string) {
 	var missing []finishItem
-	for _, it := range batch {
+	for _, it := range items {
 		if state, ok := written[it.out.ID]; ok {
 			p.settle(it, state, true)
 		} else {
