@@ -338,7 +338,9 @@ func TestOneRenewalStatementForAllLeases(t *testing.T) {
 	before, renewedBefore := tracer.renewals.Load(), m.RenewalsSucceeded.Load()
 	waitFor(t, 20*time.Second, func() bool { return m.RenewalsSucceeded.Load()-renewedBefore >= 3*n })
 	renewed := m.RenewalsSucceeded.Load() - renewedBefore
-	if got := tracer.renewals.Load() - before; got < renewed/n || got > renewed/n+1 {
+	// One statement may be in flight at either end of the window (counted by the tracer when
+	// sent, by the metric when confirmed).
+	if got := tracer.renewals.Load() - before; got < renewed/n-1 || got > renewed/n+1 {
 		t.Fatalf("%d renewal statements renewed %d leases of %d: want one statement per heartbeat for all", got, renewed, n)
 	}
 	close(release)
