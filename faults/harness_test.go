@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -20,6 +19,7 @@ import (
 	"github.com/leashq/leash/internal/faultproxy"
 	"github.com/leashq/leash/internal/pgcluster"
 	"github.com/leashq/leash/internal/pgtest"
+	"github.com/leashq/leash/internal/syncbuf"
 	"github.com/leashq/leash/pool"
 )
 
@@ -50,25 +50,7 @@ type worker struct {
 	cmd    *exec.Cmd
 	proxy  *faultproxy.Proxy
 	exited chan error
-	stderr *syncBuffer
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  []byte
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.b = append(s.b, p...)
-	return len(p), nil
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return string(s.b)
+	stderr *syncbuf.Buffer
 }
 
 // newHarness prepares a migrated database with a ledger. ownCluster gives the scenario a
@@ -150,7 +132,7 @@ func (h *harness) start(id string, concurrency int) *worker {
 	cmd := exec.Command(exe, "-test.run=^$")
 	cmd.Env = append(os.Environ(), "FAULT_WORKER="+id, "FAULT_DB="+viaProxy,
 		"FAULT_EVENTS="+filepath.Join(h.dir, "events-"+id+".jsonl"), fmt.Sprintf("FAULT_CONCURRENCY=%d", concurrency))
-	w := &worker{id: id, cmd: cmd, proxy: px, exited: make(chan error, 1), stderr: &syncBuffer{}}
+	w := &worker{id: id, cmd: cmd, proxy: px, exited: make(chan error, 1), stderr: &syncbuf.Buffer{}}
 	cmd.Stderr = w.stderr
 	if err := cmd.Start(); err != nil {
 		h.t.Fatal(err)

@@ -23,6 +23,7 @@ import (
 
 	"github.com/leashq/leash/internal/pgtest"
 	"github.com/leashq/leash/internal/store"
+	"github.com/leashq/leash/internal/syncbuf"
 	"github.com/leashq/leash/internal/version"
 )
 
@@ -307,7 +308,7 @@ func TestRollingUpgrade(t *testing.T) {
 type process struct {
 	name string
 	cmd  *exec.Cmd
-	logs syncBuffer
+	logs syncbuf.Buffer
 	done chan struct{}
 	err  error // set before done is closed
 }
@@ -348,23 +349,6 @@ func (p *process) lines(level string) []string {
 		}
 	}
 	return out
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // counts is the jobs table by state.

@@ -13,16 +13,17 @@ import (
 	"time"
 
 	"github.com/leashq/leash/internal/pgtest"
+	"github.com/leashq/leash/internal/syncbuf"
 	"github.com/leashq/leash/pool"
 )
 
 // inProcess runs `worker run` in this process on the test's database with env added; it stops
 // when the test ends. It returns the logs and the HTTP endpoints' port (WORKER_HTTP_ADDR should
 // use port 0).
-func inProcess(t *testing.T, url string, kv ...string) (*syncBuffer, string) {
+func inProcess(t *testing.T, url string, kv ...string) (*syncbuf.Buffer, string) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	done := make(chan error, 1)
 	go func() {
 		done <- run(ctx, []string{"run"}, envOf(append([]string{"DATABASE_URL", url, "LOG_FORMAT", "json",

@@ -13,7 +13,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -22,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/leashq/leash/internal/pgtest"
+	"github.com/leashq/leash/internal/syncbuf"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -184,27 +184,9 @@ func TestSIGTERMHandsBackAndExitsZero(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe to read while a process writes to it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // startWorker starts the binary with env added to the test's environment; it is killed when the
 // test ends.
-func startWorker(t *testing.T, bin string, logs *syncBuffer, env ...string) *exec.Cmd {
+func startWorker(t *testing.T, bin string, logs *syncbuf.Buffer, env ...string) *exec.Cmd {
 	t.Helper()
 	cmd := exec.Command(bin, "run")
 	cmd.Env = append(append(os.Environ(), "LOG_FORMAT=json"), env...)
@@ -237,7 +219,7 @@ func TestSIGSTOPTakeover(t *testing.T) {
 	ctx := context.Background()
 	bin := buildWorker(t)
 	timing := []string{"DATABASE_URL=" + url, "WORKER_LEASE_DURATION=2s", "WORKER_HEARTBEAT_INTERVAL=500ms", "WORKER_POLL_INTERVAL=100ms"}
-	var logsA, logsB syncBuffer
+	var logsA, logsB syncbuf.Buffer
 	a := startWorker(t, bin, &logsA, append(timing, "WORKER_ID=A")...)
 	var id, tokenA int64
 	db.QueryRow(ctx, `INSERT INTO leash.jobs (kind, payload) VALUES ('sleep', '{"duration":"3s"}') RETURNING id`).Scan(&id)
@@ -379,7 +361,7 @@ ignore_startup_parameters = extra_float_digits
 		gid, _ := strconv.Atoi(u.Gid)
 		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, Pdeathsig: syscall.SIGKILL}
 	}
-	var bouncerLog syncBuffer
+	var bouncerLog syncbuf.Buffer
 	cmd.Stdout, cmd.Stderr = &bouncerLog, &bouncerLog
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -405,7 +387,7 @@ ignore_startup_parameters = extra_float_digits
 	db.Exec(ctx, `INSERT INTO leash.jobs (kind) SELECT 'noop' FROM generate_series(1, 300)`)
 	var long int64
 	db.QueryRow(ctx, `INSERT INTO leash.jobs (kind, payload) VALUES ('sleep', '{"duration":"1m","progress":true}') RETURNING id`).Scan(&long)
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	w := startWorker(t, buildWorker(t), &logs, "DATABASE_URL="+viaBouncer, "LISTEN_DATABASE_URL="+direct,
 		"WORKER_HEARTBEAT_INTERVAL=500ms", "WORKER_LEASE_DURATION=2s", "WORKER_POLL_INTERVAL=100ms", "WORKER_SHUTDOWN_TIMEOUT=1s")
 	poll(t, 30*time.Second, "300 jobs through PgBouncer, and the long one running", func() bool {

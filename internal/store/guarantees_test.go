@@ -32,6 +32,15 @@ func exec(t *testing.T, db store.DBTX, sql string, args ...any) {
 	}
 }
 
+// runningJob inserts a job and claims it for worker w.
+func runningJob(t *testing.T, db store.DBTX, lease time.Duration) store.ClaimedJob {
+	t.Helper()
+	if _, err := store.Insert(context.Background(), db, jp(store.InsertParams{Kind: "k"})); err != nil {
+		t.Fatal(err)
+	}
+	return claimOne(t, db, lease)
+}
+
 // claimOne claims a single job for worker w and returns it.
 func claimOne(t *testing.T, db store.DBTX, lease time.Duration) store.ClaimedJob {
 	t.Helper()
@@ -59,11 +68,8 @@ func TestRevokedJobNeverRunnableAgain(t *testing.T) {
 	ctx := context.Background()
 	db := pgtest.Pool(t)
 	for _, outcome := range []string{"retryable", "available", "failed"} {
-		id, err := store.Insert(ctx, db, jp(store.InsertParams{Kind: "k"}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		j := claimOne(t, db, time.Minute)
+		j := runningJob(t, db, time.Minute)
+		id := j.ID
 		if ok, err := store.Revoke(ctx, db, id, "stop"); err != nil || !ok {
 			t.Fatalf("revoke: %v %v", ok, err)
 		}
@@ -77,16 +83,16 @@ func TestRevokedJobNeverRunnableAgain(t *testing.T) {
 		}
 	}
 	// A plain UPDATE by an older worker.
-	id, _ := store.Insert(ctx, db, jp(store.InsertParams{Kind: "k"}))
-	j := claimOne(t, db, time.Minute)
+	j := runningJob(t, db, time.Minute)
+	id := j.ID
 	exec(t, db, `UPDATE leash.jobs SET revoked_at = now() WHERE id = $1`, id)
 	exec(t, db, `UPDATE leash.jobs SET state = 'retryable', lease_token = NULL, leased_by = NULL, lease_expires_at = NULL WHERE id = $1 AND lease_token = $2`, id, j.Token)
 	if st, _, _ := state(t, db, id); st != "cancelled" {
 		t.Fatalf("old-style retry of a revoked job left it %s", st)
 	}
 	// A completion still stands.
-	id, _ = store.Insert(ctx, db, jp(store.InsertParams{Kind: "k"}))
-	j = claimOne(t, db, time.Minute)
+	j = runningJob(t, db, time.Minute)
+	id = j.ID
 	exec(t, db, `UPDATE leash.jobs SET revoked_at = now() WHERE id = $1`, id)
 	ws, err := store.Finish(ctx, db, []store.Outcome{{ID: id, Token: j.Token, State: "completed"}})
 	if err != nil || len(ws) != 1 || ws[0].State != "completed" {
@@ -130,8 +136,8 @@ func TestFinishStoresHostileText(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.Pool(t)
-	id, _ := store.Insert(ctx, db, jp(store.InsertParams{Kind: "k"}))
-	j := claimOne(t, db, time.Minute)
+	j := runningJob(t, db, time.Minute)
+	id := j.ID
 	msg := "500: body \x00 with NUL, \xff\xfe bad bytes, and \\u0000 as text " + strings.Repeat("é", 20000)
 	reason := "why\x00 \xc3"
 	ws, err := store.Finish(ctx, db, []store.Outcome{{ID: id, Token: j.Token, State: "cancelled", Revoke: &reason,
@@ -162,8 +168,7 @@ func TestRenewSkipsLockedRows(t *testing.T) {
 	db := pgtest.Pool(t)
 	var held []store.ClaimedJob
 	for range 3 {
-		store.Insert(ctx, db, jp(store.InsertParams{Kind: "k"}))
-		held = append(held, claimOne(t, db, time.Minute))
+		held = append(held, runningJob(t, db, time.Minute))
 	}
 	tx, err := db.Begin(ctx)
 	if err != nil {
@@ -209,9 +214,11 @@ func TestFenceAndCompleteTxRefuseRevoked(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.Pool(t)
-	id, _ := store.Insert(ctx, db, jp(store.InsertParams{Kind: "k"}))
-	j := claimOne(t, db, time.Minute)
-	store.Revoke(ctx, db, id, "")
+	j := runningJob(t, db, time.Minute)
+	id := j.ID
+	if ok, err := store.Revoke(ctx, db, id, ""); err != nil || !ok {
+		t.Fatalf("revoke: %v %v", ok, err)
+	}
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error { return store.Fence(ctx, tx, id, j.Token) })
 	if err != store.ErrRevokedRow {
 		t.Fatalf("Fence on a revoked job: %v", err)
@@ -385,8 +392,7 @@ func TestProgressWithHostileEscapes(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.Pool(t)
-	store.Insert(ctx, db, jp(store.InsertParams{Kind: "k"}))
-	j := claimOne(t, db, time.Minute)
+	j := runningJob(t, db, time.Minute)
 	for _, v := range []string{`{"a":"\ud800"}`, `{"\ud83d":1}`, `{"b":"x\u0000y"}`, `["\udfff\u0000"]`} {
 		if err := store.SetProgress(ctx, db, j.ID, j.Token, []byte(v)); err != nil {
 			t.Fatalf("SetProgress(%s): %v", v, err)

@@ -12,7 +12,6 @@ import (
 	"os"
 	"os/exec"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -23,6 +22,7 @@ import (
 	"github.com/leashq/leash/handlers"
 	"github.com/leashq/leash/internal/metrics"
 	"github.com/leashq/leash/internal/pgtest"
+	"github.com/leashq/leash/internal/syncbuf"
 	"github.com/leashq/leash/internal/web"
 	"github.com/leashq/leash/pool"
 )
@@ -344,7 +344,7 @@ func TestReadyzHidesDatabaseError(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	srv := serve(t, web.Options{DB: db, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	code, body := get(t, srv.URL+"/readyz")
 	if code != http.StatusServiceUnavailable || strings.TrimSpace(body) != "database unreachable" {
@@ -353,21 +353,4 @@ func TestReadyzHidesDatabaseError(t *testing.T) {
 	if !strings.Contains(logs.String(), "no_such_database_secret_name") {
 		t.Fatalf("the log lacks the detail: %q", logs.String())
 	}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
