@@ -303,12 +303,12 @@ func TestRescuerCompleteHeartbeatRace(t *testing.T) {
 			for _, j := range batch {
 				p.IDs, p.Tokens = append(p.IDs, j.ID), append(p.Tokens, j.Token)
 			}
-			ids, err := store.Renew(ctx, h.db, p)
+			tokens, err := store.Renew(ctx, h.db, p)
 			if err != nil {
 				t.Error(err)
 			}
 			mu.Lock()
-			renewed = append(renewed, ids...)
+			renewed = append(renewed, tokens...)
 			mu.Unlock()
 		}()
 	}

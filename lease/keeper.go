@@ -280,12 +280,12 @@ func (k *Keeper) RenewOnce(ctx context.Context) error {
 	k.metrics.RenewalsSucceeded.Add(int64(len(renewed)))
 	recheck := k.recheck.Swap(false)
 	ok := make(map[int64]bool, len(renewed))
-	for _, id := range renewed {
-		ok[id] = true
+	for _, token := range renewed {
+		ok[token] = true
 	}
 	var missing []*Lease
 	for _, l := range live {
-		if ok[l.JobID] {
+		if ok[l.Token] {
 			l.confirm(sentAt)
 		} else if !l.finishing.Load() && l.Cause() == nil {
 			missing = append(missing, l)

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -198,17 +199,21 @@ func TestTakeoverFencesStaleHolder(t *testing.T) {
 }
 
 // A takeover notifies the old holder, which checks the row and stops at once with ErrLost rather
-// than at its next renewal (30s away here), even when it has claimed the job again meanwhile.
+// than at its next renewal (a minute away here), even when it has claimed the job again meanwhile.
 func TestTakeoverNotificationStopsOldHolder(t *testing.T) {
 	t.Parallel()
 	cfg := fastConfig()
-	cfg.LeaseDuration, cfg.HeartbeatInterval, cfg.RescueInterval = time.Minute, 30*time.Second, time.Hour
+	cfg.LeaseDuration, cfg.HeartbeatInterval, cfg.RescueInterval = 2*time.Minute, time.Minute, time.Hour
 	started := make(chan struct{})
 	cause := make(chan error, 1)
+	var first sync.Once
 	p, b := setup(t, nil, cfg, map[string]pool.Handler{"work": pool.HandlerFunc(func(ctx context.Context, j *pool.Job) error {
-		close(started)
+		isFirst := false
+		first.Do(func() { isFirst = true; close(started) })
 		<-ctx.Done()
-		cause <- context.Cause(ctx)
+		if isFirst {
+			cause <- context.Cause(ctx) // the claim that was taken over; a later claim just waits
+		}
 		return context.Cause(ctx)
 	})})
 	id := insert(t, b.db, "work", nil, nil)
@@ -216,17 +221,27 @@ func TestTakeoverNotificationStopsOldHolder(t *testing.T) {
 	<-started
 	waitFor(t, 10*time.Second, p.ListenerConnected)
 	ctx := context.Background()
-	b.db.Exec(ctx, `UPDATE leash.jobs SET lease_expires_at = now() - interval '1 second' WHERE id = $1`, id)
-	rescued, err := (&lease.Rescuer{DB: b.db, Interval: time.Hour}).RunOnce(ctx)
-	if err != nil || len(rescued) != 1 || rescued[0].State != "retryable" {
-		t.Fatalf("rescue: %+v, %v", rescued, err)
+	// Expire the lease and rescue it in one transaction, so that no renewal lands in between
+	// (the listener's connect asks for one).
+	err := pgx.BeginFunc(ctx, b.db, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `UPDATE leash.jobs SET lease_expires_at = now() - interval '1 second' WHERE id = $1`, id); err != nil {
+			return err
+		}
+		rescued, err := (&lease.Rescuer{DB: tx, Interval: time.Hour}).RunOnce(ctx)
+		if err == nil && (len(rescued) != 1 || rescued[0].State != "retryable") {
+			err = fmt.Errorf("rescued %+v", rescued)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatalf("rescue: %v", err)
 	}
 	select {
 	case c := <-cause:
 		if !errors.Is(c, lease.ErrLost) {
 			t.Fatalf("cause %v", c)
 		}
-	case <-time.After(10 * time.Second):
+	case <-time.After(20 * time.Second): // the next renewal is a minute away
 		t.Fatal("old holder not stopped by the takeover notification")
 	}
 }

@@ -185,7 +185,7 @@ func TestRenewSkipsLockedRows(t *testing.T) {
 	if err != nil {
 		t.Fatalf("renewal waited on the locked row: %v", err)
 	}
-	if len(ids) != 2 || ids[0] == held[1].ID || ids[1] == held[1].ID {
+	if len(ids) != 2 || ids[0] == held[1].Token || ids[1] == held[1].Token {
 		t.Fatalf("renewed %v; want the two unlocked leases", ids)
 	}
 	// SetProgress beside the open fenced transaction fails instead of waiting forever;

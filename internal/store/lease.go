@@ -145,7 +145,8 @@ type RenewParams struct {
 }
 
 // Renew extends every lease that is still held under its token and not revoked, in one
-// statement, and returns the ids it extended. It never waits on a row lock: a row another
+// statement, and returns the tokens of the leases it extended (a worker may hold two claims of
+// one job: one taken over and still stopping, and the current one). It never waits on a row lock: a row another
 // transaction holds (a handler's fenced transaction, an operator's revoke_job, an outcome being
 // written) is skipped and so missing from the result like a lost one; LeaseStates tells the two
 // apart, and the skipped lease is renewed by a later statement or runs out of trust.
@@ -162,7 +163,7 @@ func Renew(ctx context.Context, db DBTX, p RenewParams) ([]int64, error) {
 		SET lease_expires_at = now() + $3 * interval '1 millisecond', heartbeat_at = now()
 		FROM locked
 		WHERE j.id = locked.id
-		RETURNING j.id`, p.IDs, p.Tokens, millis(p.Lease))
+		RETURNING j.lease_token`, p.IDs, p.Tokens, millis(p.Lease))
 	if err != nil {
 		return nil, fmt.Errorf("renew leases: %w", err)
 	}

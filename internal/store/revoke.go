@@ -43,7 +43,12 @@ func MarkRevoked(ctx context.Context, db DBTX, rs []Revocation) (locked []int64,
 			    -- hand-back gives it back), and not claimed since.
 			 OR (w.job AND j.state IN ('available', 'retryable') AND j.attempt IN (w.attempt, w.attempt - 1)))
 		), target AS (
-			SELECT j.id, a.reason FROM leash.jobs j JOIN applicable a ON j.id = a.id
+			-- The conditions again, here: a row that changed since this statement's snapshot (a
+			-- rescue made it failed, an outcome wrote it) is checked again once locked.
+			SELECT j.id, w.reason FROM leash.jobs j JOIN wanted w ON j.id = w.id
+			WHERE j.revoked_at IS NULL AND (
+			    (j.state = 'running' AND j.lease_token = w.token)
+			 OR (w.job AND j.state IN ('available', 'retryable') AND j.attempt IN (w.attempt, w.attempt - 1)))
 			ORDER BY j.id
 			FOR NO KEY UPDATE OF j SKIP LOCKED
 		), done AS (
