@@ -31,6 +31,9 @@ type Metrics struct {
 const (
 	ChannelJobAvailable = "job_available"
 	ChannelJobRevoked   = "job_revoked"
+	// ChannelQueueChanged carries a queue's name whenever its leash.queues row changes (paused,
+	// resumed, capped): workers re-read the row.
+	ChannelQueueChanged = "queue_changed"
 )
 
 // MaxPayload is the longest job_revoked payload accepted. PostgreSQL allows up to 8000 bytes;

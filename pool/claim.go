@@ -124,15 +124,49 @@ func (p *Pool) jitteredPoll() time.Duration {
 	return d - d/10 + time.Duration(rand.Int64N(int64(d)/5+1))
 }
 
-// claim leases up to limit jobs in one statement and starts them. With OutcomesWithClaims,
-// outcomes waiting to be written ride along: they are written in the same transaction, one
-// commit for both. The statement is
-// not cut short by ctx: jobs it claims are always started (and handed back on shutdown), never
-// stranded.
+// claim leases up to limit jobs and starts them: the active uncapped queues in one statement,
+// then each active capped queue under its row's lock (see queues.go). With OutcomesWithClaims,
+// outcomes waiting to be written ride along with the first statement: they are written in the
+// same transaction, one commit for both. The statements are not cut short by ctx: jobs they
+// claim are always started (and handed back on shutdown), never stranded.
 func (p *Pool) claim(ctx context.Context, limit int) (int, error) {
+	p.refreshQueues(ctx)
+	plan := p.queues.plan(p.cfg.Queues)
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
-	params := store.ClaimParams{Queues: p.cfg.Queues, Limit: limit, WorkerID: p.cfg.ID, Lease: p.cfg.LeaseDuration}
+	claimed := 0
+	if len(plan.uncapped) > 0 {
+		n, err := p.claimUncapped(sctx, plan.uncapped, limit)
+		if err != nil {
+			return 0, err
+		}
+		claimed += n
+	}
+	for _, q := range plan.capped {
+		if claimed >= limit {
+			break
+		}
+		sentAt := time.Now()
+		params := store.ClaimParams{Queues: []string{q}, Limit: limit - claimed, WorkerID: p.cfg.ID, Lease: p.cfg.LeaseDuration}
+		jobs, err := store.ClaimCapped(sctx, controlDB{p}, params)
+		if err != nil {
+			if claimed > 0 {
+				// What was claimed runs; the next round retries this queue.
+				p.log.WarnContext(ctx, "claiming jobs of a capped queue failed", slog.String("queue", q), slog.Any("err", err))
+				return claimed, nil
+			}
+			return 0, err
+		}
+		p.startAll(jobs, sentAt)
+		claimed += len(jobs)
+	}
+	return claimed, nil
+}
+
+// claimUncapped claims from queues in one statement, with waiting outcomes when
+// OutcomesWithClaims is on.
+func (p *Pool) claimUncapped(sctx context.Context, queues []string, limit int) (int, error) {
+	params := store.ClaimParams{Queues: queues, Limit: limit, WorkerID: p.cfg.ID, Lease: p.cfg.LeaseDuration}
 	var items []finishItem
 	if p.cfg.OutcomesWithClaims {
 		items = p.takeOutcomes()
@@ -164,11 +198,16 @@ func (p *Pool) claim(ctx context.Context, limit int) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	p.startAll(jobs, sentAt)
+	return len(jobs), nil
+}
+
+// startAll counts and starts the jobs one claim returned.
+func (p *Pool) startAll(jobs []store.ClaimedJob, sentAt time.Time) {
 	p.metrics.Claimed.Add(int64(len(jobs)))
 	for i := range jobs {
 		p.start(&jobs[i], sentAt)
 	}
-	return len(jobs), nil
 }
 
 // takeOutcomes takes the outcomes waiting for the finisher, without waiting.

@@ -82,6 +82,7 @@ type Pool struct {
 	jobsCtx     context.Context
 	revocations *recorder // writes notified revocations into their rows
 	waiterID    string    // this pool's name in leash.waiters
+	queues      queueView // leash.queues as last read, for routing claims
 
 	finishCh    chan finishItem
 	outcomeWake chan struct{} // an outcome was queued: the finisher's flush interval starts
@@ -344,8 +345,10 @@ func (p *Pool) newListener() *listener.Listener {
 				}
 			}
 		},
-		OnRevoked: p.onRevoked,
+		OnRevoked:      p.onRevoked,
+		OnQueueChanged: p.onQueueChanged,
 		OnConnect: func() {
+			p.queues.stale.Store(true)
 			// Whatever was sent while disconnected: re-check every lease and look for work.
 			p.keeper.Kick(true)
 			p.poke(p.wake)

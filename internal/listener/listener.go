@@ -70,6 +70,9 @@ type Listener struct {
 	OnAvailable func(queue string)
 	// OnRevoked is called with each well-formed job_revoked payload.
 	OnRevoked func(notify.Revocation)
+	// OnQueueChanged is called with the payload of each queue_changed notification (a queue
+	// name, or anything a forger sent: it only prompts a re-read of leash.queues).
+	OnQueueChanged func(queue string)
 	// OnConnect is called after each successful connect, once LISTEN is in effect on every
 	// channel: whatever was missed while disconnected can be re-checked then.
 	OnConnect func()
@@ -176,6 +179,12 @@ func (l *Listener) Run(ctx context.Context) error {
 		}
 		if l.OnRevoked != nil {
 			l.OnRevoked(r)
+		}
+	})
+	handle(notify.ChannelQueueChanged, func(_ context.Context, n *pgconn.Notification) {
+		l.Metrics.Received.Add(1)
+		if l.OnQueueChanged != nil {
+			l.OnQueueChanged(n.Payload)
 		}
 	})
 	handle(l.pingChannel, func(_ context.Context, n *pgconn.Notification) {

@@ -150,9 +150,9 @@ func TestOnConnectAfterEveryListen(t *testing.T) {
 	const rounds = 8 // pgxlisten LISTENs in map order: a different order each time
 	for i := 1; i <= rounds; i++ {
 		listens := recv(t, connects, fmt.Sprintf("connect %d", i))
-		if len(listens) != 3 || listens[0] != notify.ChannelJobAvailable || listens[1] != notify.ChannelJobRevoked ||
-			!strings.HasPrefix(listens[2], "leash_ping_") {
-			t.Fatalf("connect %d: OnConnect ran after LISTEN on %q; want each of job_available, job_revoked and the ping channel once", i, listens)
+		if len(listens) != 4 || listens[0] != notify.ChannelJobAvailable || listens[1] != notify.ChannelJobRevoked ||
+			!strings.HasPrefix(listens[2], "leash_ping_") || listens[3] != notify.ChannelQueueChanged {
+			t.Fatalf("connect %d: OnConnect ran after LISTEN on %q; want each of job_available, job_revoked, queue_changed and the ping channel once", i, listens)
 		}
 		if !l.Connected() {
 			t.Fatalf("connect %d: OnConnect ran while Connected() is false", i)

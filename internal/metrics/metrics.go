@@ -113,6 +113,9 @@ func RegisterPool(reg prometheus.Registerer, p *pool.Pool, db store.DBTX) {
 			}
 			return u
 		}),
+		&pausedVec{desc: prometheus.NewDesc("leash_queue_paused",
+			"1 for each of the worker's queues that is paused (leash.pause_queue), 0 for an active one, as of the worker's last read of leash.queues.",
+			[]string{"queue"}, nil), p: p},
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
@@ -129,5 +132,23 @@ func (f *funcVec) Describe(ch chan<- *prometheus.Desc) { ch <- f.desc }
 func (f *funcVec) Collect(ch chan<- prometheus.Metric) {
 	for label, v := range f.values {
 		ch <- prometheus.MustNewConstMetric(f.desc, prometheus.CounterValue, float64(v()), label)
+	}
+}
+
+// pausedVec reports leash_queue_paused for each of the pool's queues.
+type pausedVec struct {
+	desc *prometheus.Desc
+	p    *pool.Pool
+}
+
+func (v *pausedVec) Describe(ch chan<- *prometheus.Desc) { ch <- v.desc }
+
+func (v *pausedVec) Collect(ch chan<- prometheus.Metric) {
+	for q, paused := range v.p.QueuesPaused() {
+		val := 0.0
+		if paused {
+			val = 1
+		}
+		ch <- prometheus.MustNewConstMetric(v.desc, prometheus.GaugeValue, val, q)
 	}
 }

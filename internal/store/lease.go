@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -51,10 +52,68 @@ const claimSQL = `
 	          j.created_at, j.run_at, j.attempted_at,
 	          coalesce(ceil(extract(epoch FROM j.timeout) * 1000)::bigint, 0)`
 
+// The claim of uncapped queues skips every queue whose leash.queues row pauses or caps it, as
+// seen by the statement's own snapshot: a pause committed before the claim began binds it,
+// whatever the worker believed. A capped queue is claimed by ClaimCapped instead.
 var (
-	claimOneQueueSQL   = fmt.Sprintf(claimSQL, "queue = $1")
-	claimManyQueuesSQL = fmt.Sprintf(claimSQL, "queue = ANY($1)")
+	claimOneQueueSQL = fmt.Sprintf(claimSQL, `queue = $1 AND NOT EXISTS (
+		SELECT FROM leash.queues q WHERE q.name = $1 AND (q.paused_at IS NOT NULL OR q.max_running IS NOT NULL))`)
+	claimManyQueuesSQL = fmt.Sprintf(claimSQL, `queue = ANY(ARRAY(
+		SELECT unnest($1::text[]) EXCEPT
+		SELECT q.name FROM leash.queues q WHERE q.paused_at IS NOT NULL OR q.max_running IS NOT NULL))`)
 )
+
+// claimCappedSQL claims from one queue that leash.queues may pause or cap. It runs after
+// lockQueueSQL in the same transaction: with the queue's row locked, no other claim of the
+// queue is in flight, and this statement's snapshot (taken after the lock was granted) sees every
+// claim of the queue committed before it, so its count of running jobs is exact and the cap
+// holds across workers. A queue without a row is claimed like an uncapped one.
+var claimCappedSQL = strings.Replace(strings.Replace(claimSQL,
+	"WITH picked AS (", `WITH room AS (
+		SELECT CASE WHEN q.paused_at IS NOT NULL THEN 0
+		            WHEN q.max_running IS NULL THEN $2::int
+		            ELSE greatest(0, least($2::int, q.max_running - (
+		                SELECT count(*) FROM leash.jobs r WHERE r.queue = $1 AND r.state = 'running')::int))
+		       END AS n
+		FROM leash.queues q WHERE q.name = $1
+		UNION ALL
+		SELECT $2::int WHERE NOT EXISTS (SELECT FROM leash.queues q WHERE q.name = $1)
+	), picked AS (`, 1),
+	"LIMIT $2", "LIMIT (SELECT coalesce(min(n), 0) FROM room)", 1)
+
+var claimCappedOneSQL = fmt.Sprintf(claimCappedSQL, "queue = $1")
+
+// lockQueueSQL serializes the claims of one capped queue (and only of that queue).
+const lockQueueSQL = `SELECT FROM leash.queues WHERE name = $1 FOR NO KEY UPDATE`
+
+// ClaimCapped leases up to p.Limit runnable jobs of p.Queues[0], a queue leash.queues may pause
+// or cap: never so many that more than its max_running jobs run at once across all workers,
+// none while it is paused. Two statements in one transaction and one round trip.
+func ClaimCapped(ctx context.Context, db Batcher, p ClaimParams) ([]ClaimedJob, error) {
+	if len(p.Queues) != 1 {
+		return nil, fmt.Errorf("claim jobs of a capped queue: want one queue, got %d", len(p.Queues))
+	}
+	b := &pgx.Batch{}
+	b.Queue(lockQueueSQL, p.Queues[0])
+	b.Queue(claimCappedOneSQL, p.Queues[0], p.Limit, p.WorkerID, millis(p.Lease))
+	br := db.SendBatch(ctx, b)
+	defer br.Close()
+	if _, err := br.Exec(); err != nil {
+		return nil, fmt.Errorf("claim jobs of capped queue %q: lock the queue: %w", p.Queues[0], err)
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return nil, fmt.Errorf("claim jobs of capped queue %q: %w", p.Queues[0], err)
+	}
+	jobs, err := scanClaimed(rows, p.Limit)
+	if err != nil {
+		return nil, err
+	}
+	if err := br.Close(); err != nil {
+		return nil, fmt.Errorf("claim jobs of capped queue %q: %w", p.Queues[0], err)
+	}
+	return jobs, nil
+}
 
 // Claim leases up to p.Limit runnable jobs in one statement, in priority, run_at, id order,
 // skipping rows other workers hold locked.

@@ -1,0 +1,112 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// QueueControl is one row of leash.queues: whether the queue is paused and how many of its jobs
+// may run at once. A queue without a row is active and uncapped.
+type QueueControl struct {
+	Name     string
+	PausedAt *time.Time
+	// MaxRunning is nil when the queue is uncapped.
+	MaxRunning *int
+}
+
+// Paused reports whether the queue is paused.
+func (q QueueControl) Paused() bool { return q.PausedAt != nil }
+
+// QueueControls reads the rows of leash.queues for the named queues; queues without a row are
+// absent from the map.
+func QueueControls(ctx context.Context, db DBTX, names []string) (map[string]QueueControl, error) {
+	rows, err := db.Query(ctx, `
+		SELECT name, paused_at, max_running FROM leash.queues WHERE name = ANY($1::text[])`, names)
+	if err != nil {
+		return nil, fmt.Errorf("read queue controls: %w", err)
+	}
+	defer rows.Close()
+	out := make(map[string]QueueControl)
+	for rows.Next() {
+		var q QueueControl
+		if err := rows.Scan(&q.Name, &q.PausedAt, &q.MaxRunning); err != nil {
+			return nil, fmt.Errorf("read queue controls: %w", err)
+		}
+		out[q.Name] = q
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read queue controls: %w", err)
+	}
+	return out, nil
+}
+
+// PauseQueue pauses the queue (leash.pause_queue): true when it was active.
+func PauseQueue(ctx context.Context, db DBTX, name string) (bool, error) {
+	var changed bool
+	if err := db.QueryRow(ctx, `SELECT leash.pause_queue($1)`, name).Scan(&changed); err != nil {
+		return false, fmt.Errorf("pause queue %q: %w", name, err)
+	}
+	return changed, nil
+}
+
+// ResumeQueue resumes the queue (leash.resume_queue): true when it was paused.
+func ResumeQueue(ctx context.Context, db DBTX, name string) (bool, error) {
+	var changed bool
+	if err := db.QueryRow(ctx, `SELECT leash.resume_queue($1)`, name).Scan(&changed); err != nil {
+		return false, fmt.Errorf("resume queue %q: %w", name, err)
+	}
+	return changed, nil
+}
+
+// SetQueueMaxRunning sets the queue's cap on running jobs across all workers; nil removes it.
+// It takes effect at the next claim of every worker.
+func SetQueueMaxRunning(ctx context.Context, db DBTX, name string, max *int) error {
+	_, err := db.Exec(ctx, `
+		INSERT INTO leash.queues AS q (name, max_running) VALUES ($1, $2)
+		ON CONFLICT (name) DO UPDATE SET max_running = excluded.max_running, updated_at = now()
+		WHERE q.max_running IS DISTINCT FROM excluded.max_running`, name, max)
+	if err != nil {
+		return fmt.Errorf("set max_running of queue %q: %w", name, err)
+	}
+	return nil
+}
+
+// QueueInfo is one line of the queue list: the queue's control row (if any) and its job counts.
+type QueueInfo struct {
+	QueueControl
+	Available int64 // available or retryable, runnable now or later
+	Running   int64
+}
+
+// ListQueues returns every queue that has a control row or unfinished jobs, by name.
+func ListQueues(ctx context.Context, db DBTX) ([]QueueInfo, error) {
+	rows, err := db.Query(ctx, `
+		WITH counts AS (
+			SELECT queue,
+			       count(*) FILTER (WHERE state IN ('available', 'retryable')) AS available,
+			       count(*) FILTER (WHERE state = 'running') AS running
+			FROM leash.jobs WHERE state IN ('available', 'retryable', 'running')
+			GROUP BY queue
+		)
+		SELECT coalesce(q.name, c.queue), q.paused_at, q.max_running,
+		       coalesce(c.available, 0), coalesce(c.running, 0)
+		FROM leash.queues q FULL JOIN counts c ON c.queue = q.name
+		ORDER BY 1`)
+	if err != nil {
+		return nil, fmt.Errorf("list queues: %w", err)
+	}
+	defer rows.Close()
+	var out []QueueInfo
+	for rows.Next() {
+		var q QueueInfo
+		if err := rows.Scan(&q.Name, &q.PausedAt, &q.MaxRunning, &q.Available, &q.Running); err != nil {
+			return nil, fmt.Errorf("list queues: %w", err)
+		}
+		out = append(out, q)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list queues: %w", err)
+	}
+	return out, nil
+}

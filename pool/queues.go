@@ -1,0 +1,195 @@
+package pool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/leashq/leash/internal/store"
+)
+
+// Queue control (leash.queues). A paused queue is claimed by no worker; a capped queue has at most
+// MaxRunning jobs running at once across all workers. A queue without a row is active and
+// uncapped. The database is the authority: every claim checks the queue's row itself, so a pause
+// binds every claim that begins after PauseQueue returns, whatever a worker believes. Workers
+// keep a view of the rows only to route claims (capped queues are claimed under a lock on their
+// row, one queue at a time) and to skip paused queues without a query; the view is re-read when
+// a queue_changed notification arrives, after each reconnect of the listener and at least once
+// per PollInterval, so a lost notification costs at most one poll interval of latency.
+
+// QueueState is a queue's control row and its unfinished jobs.
+type QueueState struct {
+	Name string
+	// PausedAt is when the queue was paused; nil while it is active.
+	PausedAt *time.Time
+	// MaxRunning caps the queue's running jobs across all workers; nil: no cap.
+	MaxRunning *int
+	// Available counts jobs waiting to run (available or retryable, now or later).
+	Available int64
+	// Running counts jobs running now.
+	Running int64
+}
+
+// PauseQueue pauses a queue across every worker: once it returns, no worker starts a job of the
+// queue (a claim that began before it may still start its jobs); running jobs go on. It is
+// durable: the queue stays paused through restarts until ResumeQueue. It reports whether the
+// queue was active before.
+func PauseQueue(ctx context.Context, db DB, name string) (bool, error) {
+	if err := checkQueueName(name); err != nil {
+		return false, err
+	}
+	return store.PauseQueue(ctx, db, name)
+}
+
+// ResumeQueue lets workers claim from a paused queue again, at once. It reports whether the
+// queue was paused.
+func ResumeQueue(ctx context.Context, db DB, name string) (bool, error) {
+	if err := checkQueueName(name); err != nil {
+		return false, err
+	}
+	return store.ResumeQueue(ctx, db, name)
+}
+
+// SetQueueMaxRunning caps the number of the queue's jobs running at once across all workers; a
+// negative max removes the cap. Every worker applies it from its next claim; jobs already running
+// over a lowered cap go on, and no new one starts until the queue is under it.
+func SetQueueMaxRunning(ctx context.Context, db DB, name string, max int) error {
+	if err := checkQueueName(name); err != nil {
+		return err
+	}
+	var cap *int
+	if max >= 0 {
+		cap = &max
+	}
+	return store.SetQueueMaxRunning(ctx, db, name, cap)
+}
+
+// ListQueues returns every queue that has a control row or unfinished jobs, by name.
+func ListQueues(ctx context.Context, db DB) ([]QueueState, error) {
+	rows, err := store.ListQueues(ctx, db)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]QueueState, len(rows))
+	for i, r := range rows {
+		out[i] = QueueState{Name: r.Name, PausedAt: r.PausedAt, MaxRunning: r.MaxRunning, Available: r.Available, Running: r.Running}
+	}
+	return out, nil
+}
+
+func checkQueueName(name string) error {
+	if name == "" || len(name) > 128 || !validName(name) {
+		return fmt.Errorf("pool: queue name must be 1 to 128 bytes of valid UTF-8 without NUL, got %q", truncateForError(name))
+	}
+	return nil
+}
+
+func truncateForError(s string) string {
+	if len(s) > 64 {
+		s = s[:64] + "…"
+	}
+	return strings.ToValidUTF8(strings.ReplaceAll(s, "\x00", "\uFFFD"), "\uFFFD")
+}
+
+// queueView is the pool's view of leash.queues for its own queues.
+type queueView struct {
+	stale atomic.Bool // re-read before the next claim
+
+	mu     sync.Mutex
+	rows   map[string]store.QueueControl
+	readAt time.Time // zero until the first successful read
+	turn   int       // rotates which capped queue is claimed first
+}
+
+// claimPlan is what one claim round asks for: the active uncapped queues in one statement, then
+// the active capped ones each under its row's lock.
+type claimPlan struct {
+	uncapped, capped []string
+}
+
+// plan splits queues by the view. Paused queues are left out.
+func (v *queueView) plan(queues []string) claimPlan {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	var cp claimPlan
+	for _, q := range queues {
+		row, ok := v.rows[q]
+		switch {
+		case !ok:
+			cp.uncapped = append(cp.uncapped, q)
+		case row.Paused():
+		case row.MaxRunning != nil:
+			cp.capped = append(cp.capped, q)
+		default:
+			cp.uncapped = append(cp.uncapped, q)
+		}
+	}
+	if n := len(cp.capped); n > 1 {
+		v.turn++
+		k := v.turn % n
+		cp.capped = append(cp.capped[k:], cp.capped[:k]...)
+	}
+	return cp
+}
+
+// paused reports the view's paused flag for each of queues.
+func (v *queueView) paused(queues []string) map[string]bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	out := make(map[string]bool, len(queues))
+	for _, q := range queues {
+		out[q] = v.rows[q].Paused()
+	}
+	return out
+}
+
+// refreshQueues re-reads the view when a notification or reconnect marked it stale, or when it
+// is older than the poll interval. A failed read keeps the old view: claims check the rows
+// themselves, so the worst a stale view does is delay a resumed queue until the next read.
+func (p *Pool) refreshQueues(ctx context.Context) {
+	v := &p.queues
+	v.mu.Lock()
+	due := v.readAt.IsZero() || time.Since(v.readAt) >= p.cfg.PollInterval
+	v.mu.Unlock()
+	if !v.stale.Swap(false) && !due {
+		return
+	}
+	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	rows, err := store.QueueControls(sctx, p.control(), p.cfg.Queues)
+	if err != nil {
+		if ctx.Err() == nil && !errors.Is(err, context.Canceled) {
+			p.log.WarnContext(ctx, "reading queue controls failed; keeping the last view", slog.Any("err", err))
+		}
+		v.stale.Store(true)
+		return
+	}
+	v.mu.Lock()
+	prev := v.rows
+	v.rows, v.readAt = rows, time.Now()
+	v.mu.Unlock()
+	for _, q := range p.cfg.Queues {
+		was, now := prev[q], rows[q]
+		if was.Paused() != now.Paused() {
+			p.log.InfoContext(ctx, "queue "+map[bool]string{true: "paused", false: "resumed"}[now.Paused()], slog.String("queue", q))
+		}
+	}
+}
+
+// onQueueChanged handles a queue_changed notification (any payload: it only triggers a re-read).
+func (p *Pool) onQueueChanged(name string) {
+	if slices.Contains(p.cfg.Queues, name) {
+		p.queues.stale.Store(true)
+		p.poke(p.wake)
+	}
+}
+
+// QueuesPaused reports, for each of the pool's queues, whether the pool's last read of
+// leash.queues found it paused.
+func (p *Pool) QueuesPaused() map[string]bool { return p.queues.paused(p.cfg.Queues) }
