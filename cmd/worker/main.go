@@ -44,6 +44,7 @@ commands:
   enqueue   add a job: worker enqueue -kind sleep -payload '{"duration":"2s"}'
   revoke    revoke a job: worker revoke ID [-reason TEXT]
   status    show counts per queue and state, and the running jobs
+  queue     list, pause, resume or cap queues: worker queue pause NAME (see worker queue)
   health    probe a running worker's /readyz (for container health checks)
   demo      a guided tour on a private PostgreSQL (or DATABASE_URL): workload, revocation, summary
   version   print the release and the schema version this worker needs
@@ -93,6 +94,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return cmdRevoke(ctx, e, args, stdout, stderr)
 	case "status":
 		return cmdStatus(ctx, e, stdout)
+	case "queue":
+		return cmdQueue(ctx, e, args, stdout)
 	case "demo":
 		return cmdDemo(ctx, e, stdout)
 	}

@@ -1,0 +1,106 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/leashq/leash/pool"
+)
+
+const queueUsage = `usage: worker queue list
+       worker queue pause NAME     no worker starts a job of NAME until it is resumed
+       worker queue resume NAME
+       worker queue cap NAME N     at most N jobs of NAME run at once across all workers
+       worker queue cap NAME none  remove the cap`
+
+// cmdQueue lists, pauses, resumes and caps queues (leash.queues).
+func cmdQueue(ctx context.Context, e env, args []string, stdout io.Writer) error {
+	if len(args) == 0 {
+		return fmt.Errorf("queue: need a subcommand\n%s", queueUsage)
+	}
+	sub, args := args[0], args[1:]
+	want := map[string]int{"list": 0, "pause": 1, "resume": 1, "cap": 2}
+	n, ok := want[sub]
+	if !ok {
+		return fmt.Errorf("queue: unknown subcommand %q\n%s", sub, queueUsage)
+	}
+	if len(args) != n {
+		return fmt.Errorf("queue %s: want %d argument(s), got %d\n%s", sub, n, len(args), queueUsage)
+	}
+	var max int
+	if sub == "cap" {
+		if args[1] == "none" {
+			max = -1
+		} else if v, err := strconv.Atoi(args[1]); err != nil || v < 0 {
+			return fmt.Errorf("queue cap: the cap must be a whole number ≥ 0 or none, got %q", args[1])
+		} else {
+			max = v
+		}
+	}
+	db, err := connect(ctx, e)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	switch sub {
+	case "pause":
+		changed, err := pool.PauseQueue(ctx, db, args[0])
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "queue %s paused%s\n", args[0], map[bool]string{true: "", false: " (it already was)"}[changed])
+	case "resume":
+		changed, err := pool.ResumeQueue(ctx, db, args[0])
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "queue %s %s\n", args[0], map[bool]string{true: "resumed", false: "was not paused"}[changed])
+	case "cap":
+		if err := pool.SetQueueMaxRunning(ctx, db, args[0], max); err != nil {
+			return err
+		}
+		if max < 0 {
+			fmt.Fprintf(stdout, "queue %s uncapped\n", args[0])
+		} else {
+			fmt.Fprintf(stdout, "queue %s capped at %d running jobs\n", args[0], max)
+		}
+	case "list":
+		qs, err := pool.ListQueues(ctx, db)
+		if err != nil {
+			return err
+		}
+		if len(qs) == 0 {
+			fmt.Fprintln(stdout, "no queue has jobs waiting or running, or a control row")
+			return nil
+		}
+		tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "QUEUE\tSTATE\tMAX RUNNING\tRUNNING\tWAITING")
+		for _, q := range qs {
+			state := "active"
+			if q.PausedAt != nil {
+				state = "paused since " + q.PausedAt.Local().Format(time.DateTime)
+			}
+			capText := "-"
+			if q.MaxRunning != nil {
+				capText = strconv.Itoa(*q.MaxRunning)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\n", printable(q.Name), state, capText, q.Running, q.Available)
+		}
+		return tw.Flush()
+	}
+	return nil
+}
+
+// printable quotes a name that holds control characters, so that a name written by any SQL
+// client cannot rewrite the terminal.
+func printable(s string) string {
+	if strings.IndexFunc(s, func(r rune) bool { return r < 0x20 || r == 0x7f || r == 0xfffd }) >= 0 {
+		return strconv.Quote(s)
+	}
+	return s
+}
