@@ -83,6 +83,11 @@ func (p *Pool) flush(batch []finishItem) {
 	written := make(map[int64]string, len(batch))
 	p.write(batch, written)
 	p.settleAll(batch, written)
+	if len(written) > 0 && p.queues.anyCapped() {
+		// A capped queue counts running rows: these were still running until now, so a claim
+		// that found the queue full may find room.
+		p.poke(p.wake)
+	}
 }
 
 // settleAll settles every item of a batch: those in written (id -> state stored) as written,

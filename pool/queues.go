@@ -138,6 +138,18 @@ func (v *queueView) plan(queues []string) claimPlan {
 	return cp
 }
 
+// anyCapped reports whether any of the pool's queues is capped in the view.
+func (v *queueView) anyCapped() bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for _, row := range v.rows {
+		if row.MaxRunning != nil && !row.Paused() {
+			return true
+		}
+	}
+	return false
+}
+
 // paused reports the view's paused flag for each of queues.
 func (v *queueView) paused(queues []string) map[string]bool {
 	v.mu.Lock()
