@@ -27,6 +27,7 @@ func (p *Pool) execute(ctx context.Context, j *Job) {
 	}
 	defer p.outcomes.Done()
 	out, write := p.decideSafely(j, err)
+	out.Output = j.recordedOutput()
 	if !write {
 		p.log.Info("handler stopped after losing its lease", slog.Int64("job_id", j.ID),
 			slog.Int64("lease_token", j.Token), slog.Any("err", err))

@@ -221,6 +221,9 @@ func withoutDetails(it finishItem, err error) (finishItem, bool) {
 		r := "revoked"
 		it.out.Revoke, changed = &r, true
 	}
+	if it.out.Output != nil {
+		it.out.Output, changed = nil, true
+	}
 	return it, changed
 }
 

@@ -73,6 +73,16 @@ func RetryAfter(d time.Duration, err error) error {
 	return &retryAfterError{d: d, err: err}
 }
 
+// Snooze ends the attempt without using it up: the job becomes available again after d (the
+// database clock), and its attempt number is given back, so a job may snooze any number of
+// times. A revocation that reached the handler still wins (the job ends cancelled). A negative d
+// counts as zero.
+func Snooze(d time.Duration) error { return &snoozeError{d: max(d, 0)} }
+
+type snoozeError struct{ d time.Duration }
+
+func (e *snoozeError) Error() string { return fmt.Sprintf("snoozed for %s", e.d) }
+
 type retryAfterError struct {
 	d   time.Duration
 	err error

@@ -38,7 +38,35 @@ type InsertOpts struct {
 	// Timeout limits one attempt: past it the handler's context is cancelled with ErrTimeout
 	// and the attempt fails like an error. Zero: the kind's default (Config.Timeouts), if any.
 	Timeout time.Duration
+	// UniqueKey, when set, makes the job unique among unfinished jobs (available, retryable,
+	// running) with the same key, whatever their kind or queue: while one exists, Insert inserts
+	// nothing and returns that job's id with an error matching ErrDuplicate. Once the job
+	// finishes, the key is free again. Enforced by a unique index, so it holds against concurrent
+	// producers and SQL clients alike. At most 1024 bytes of valid UTF-8 without NUL.
+	UniqueKey string
+	// UniqueFinishedWithin extends UniqueKey to jobs that finished (completed, failed or
+	// cancelled) less than this long ago, on the database clock: a job that ran recently
+	// dedupes too. Zero: only unfinished jobs count. Checked in the inserting statement's own
+	// snapshot, so a job finishing at that very moment may let one insert through.
+	UniqueFinishedWithin time.Duration
 }
+
+// ErrDuplicate is matched (errors.Is) by the error of an insert skipped because another job holds
+// its unique key; errors.As with *DuplicateError gives that job's id.
+var ErrDuplicate = errors.New("duplicate job")
+
+// DuplicateError says which job holds the unique key an insert asked for.
+type DuplicateError struct {
+	Key string
+	ID  int64 // the job holding the key
+}
+
+func (e *DuplicateError) Error() string {
+	return fmt.Sprintf("duplicate job: unique key %q is held by job %d", truncateForError(e.Key), e.ID)
+}
+
+// Is makes errors.Is(err, ErrDuplicate) true.
+func (e *DuplicateError) Is(target error) bool { return target == ErrDuplicate }
 
 // ErrInvalidJob wraps every rejection of a job before it reaches the database.
 var ErrInvalidJob = errors.New("invalid job")
@@ -66,6 +94,12 @@ func params(kind string, payload any, opts *InsertOpts) (store.InsertParams, err
 	if !validName(kind) || !validName(o.Queue) {
 		return store.InsertParams{}, fmt.Errorf("%w: kind and queue must be valid UTF-8 without NUL bytes", ErrInvalidJob)
 	}
+	if o.UniqueKey != "" && (len(o.UniqueKey) > 1024 || !validName(o.UniqueKey)) {
+		return store.InsertParams{}, fmt.Errorf("%w: unique key must be at most 1024 bytes of valid UTF-8 without NUL", ErrInvalidJob)
+	}
+	if o.UniqueFinishedWithin < 0 || (o.UniqueFinishedWithin > 0 && o.UniqueKey == "") {
+		return store.InsertParams{}, fmt.Errorf("%w: UniqueFinishedWithin needs a UniqueKey and must not be negative", ErrInvalidJob)
+	}
 	if o.MaxAttempts < 0 || o.MaxAttempts > 1000 {
 		return store.InsertParams{}, fmt.Errorf("%w: max attempts %d is not between 1 and 1000", ErrInvalidJob, o.MaxAttempts)
 	}
@@ -74,7 +108,8 @@ func params(kind string, payload any, opts *InsertOpts) (store.InsertParams, err
 		return store.InsertParams{}, fmt.Errorf("%w: kind %s: %v", ErrInvalidJob, kind, err)
 	}
 	return store.InsertParams{Queue: cmp.Or(o.Queue, QueueDefault), Kind: kind, Payload: body, Priority: o.Priority,
-		MaxAttempts: int32(cmp.Or(o.MaxAttempts, MaxAttemptsDefault)), RunAt: o.RunAt, Delay: o.Delay, Timeout: o.Timeout}, nil
+		MaxAttempts: int32(cmp.Or(o.MaxAttempts, MaxAttemptsDefault)), RunAt: o.RunAt, Delay: o.Delay, Timeout: o.Timeout,
+		UniqueKey: o.UniqueKey, UniqueWithin: o.UniqueFinishedWithin}, nil
 }
 
 // validName reports whether s can be stored as PostgreSQL text.
@@ -103,17 +138,26 @@ func encodePayload(payload any) ([]byte, error) {
 }
 
 // Insert enqueues one job and returns its id. payload is any value that marshals to JSON
-// (json.RawMessage and []byte are taken as JSON text); nil means {}.
+// (json.RawMessage and []byte are taken as JSON text); nil means {}. With opts.UniqueKey held by
+// another job, it returns that job's id and a *DuplicateError (errors.Is(err, ErrDuplicate)).
 func Insert(ctx context.Context, db DB, kind string, payload any, opts *InsertOpts) (int64, error) {
 	p, err := params(kind, payload, opts)
 	if err != nil {
 		return 0, err
 	}
-	return store.Insert(ctx, db, p)
+	id, dup, err := store.InsertUnique(ctx, db, p)
+	if err != nil {
+		return 0, err
+	}
+	if dup {
+		return id, &DuplicateError{Key: p.UniqueKey, ID: id}
+	}
+	return id, nil
 }
 
 // InsertTx enqueues one job inside the caller's transaction: it becomes visible, and wakes
-// workers, only when tx commits.
+// workers, only when tx commits. A duplicate (ErrDuplicate) leaves tx usable: nothing failed in
+// the database.
 func InsertTx(ctx context.Context, tx pgx.Tx, kind string, payload any, opts *InsertOpts) (int64, error) {
 	return Insert(ctx, tx, kind, payload, opts)
 }
@@ -132,7 +176,10 @@ type CopyDB interface {
 }
 
 // InsertMany enqueues many jobs with one COPY and returns how many it inserted. Workers are woken
-// once per queue, however many rows. Nothing is inserted if any job is invalid.
+// once per queue, however many rows. Nothing is inserted if any job is invalid. When any job has
+// a UniqueKey, a COPY cannot be used (it cannot skip conflicts, and one duplicate would fail the
+// whole batch): the jobs go in one INSERT ... ON CONFLICT DO NOTHING instead, duplicates (of
+// existing jobs or of an earlier job in the same call) are skipped, and the count excludes them.
 func InsertMany(ctx context.Context, db CopyDB, jobs []InsertManyParams) (int64, error) {
 	ps := make([]store.InsertParams, len(jobs))
 	for i, j := range jobs {

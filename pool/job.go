@@ -44,6 +44,38 @@ type Job struct {
 	started   time.Time
 	stallSeen time.Time
 	timer     *time.Timer // the attempt's timeout, if any
+	output    atomic.Pointer[[]byte]
+}
+
+// MaxOutputBytes bounds the JSON a handler may record with SetOutput.
+const MaxOutputBytes = 64 << 10
+
+// SetOutput records v (marshalled to JSON, at most MaxOutputBytes) as the job's result. It is
+// written to the job's output column with the attempt's outcome, under the same fence: an
+// attempt that lost its lease writes no output, and a later call replaces an earlier one. With
+// CompleteTx, call it before: CompleteTx writes it in the same transaction. Nothing is written
+// until the handler returns (or CompleteTx runs), so it costs no round trip.
+func (j *Job) SetOutput(v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("set output of job %d: %w", j.ID, err)
+	}
+	if len(b) > MaxOutputBytes {
+		return fmt.Errorf("set output of job %d: %d bytes of JSON, more than the %d allowed", j.ID, len(b), MaxOutputBytes)
+	}
+	if b, err = store.CleanJSON(b); err != nil {
+		return fmt.Errorf("set output of job %d: %w", j.ID, err)
+	}
+	j.output.Store(&b)
+	return nil
+}
+
+// recordedOutput is what SetOutput recorded, or nil.
+func (j *Job) recordedOutput() []byte {
+	if b := j.output.Load(); b != nil {
+		return *b
+	}
+	return nil
 }
 
 // Lease is this claim's lease: EnsureActive before side effects outside the database.
@@ -91,7 +123,7 @@ func (j *Job) CompleteTx(ctx context.Context, tx pgx.Tx) error {
 	if err := j.lease.EnsureActive(); err != nil {
 		return fmt.Errorf("complete job %d: %w: %w", j.ID, ErrFenced, err)
 	}
-	if err := j.rowError(store.CompleteTx(ctx, tx, j.ID, j.Token)); err != nil {
+	if err := j.rowError(store.CompleteTx(ctx, tx, j.ID, j.Token, j.recordedOutput())); err != nil {
 		return fmt.Errorf("complete job %d: %w", j.ID, err)
 	}
 	j.doneInTx.Store(true)

@@ -47,6 +47,7 @@ type ending struct {
 //   - the lease was lost to another worker: nothing;
 //   - the job was revoked before the handler returned: cancelled, whatever it returned;
 //   - the handler returned nil: completed;
+//   - Snooze(d): available after d, the attempt given back;
 //   - shutdown cancelled it and it returned an error: available again, the attempt given back;
 //   - Permanent, or attempts used up: failed;
 //   - RetryAfter(d): retryable after d; timeout, renewal timeout, any other error or panic:
@@ -83,6 +84,11 @@ func decide(id, token int64, worker string, e ending) (out store.Outcome, write 
 	}
 	if e.err == nil {
 		out.State = store.StateCompleted
+		return out, true
+	}
+	var sz *snoozeError
+	if errors.As(e.err, &sz) {
+		out.State, out.RunIn, out.ReturnAttempt = store.StateAvailable, sz.d, true
 		return out, true
 	}
 	out.Error = ae

@@ -43,6 +43,7 @@ commands:
   migrate   apply pending schema migrations; -status lists applied and pending ones
   enqueue   add a job: worker enqueue -kind sleep -payload '{"duration":"2s"}'
   revoke    revoke a job: worker revoke ID [-reason TEXT]
+  retry     run a failed or cancelled job once more: worker retry ID
   status    show counts per queue and state, and the running jobs
   queue     list, pause, resume or cap queues: worker queue pause NAME (see worker queue)
   health    probe a running worker's /readyz (for container health checks)
@@ -96,6 +97,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return cmdStatus(ctx, e, stdout)
 	case "queue":
 		return cmdQueue(ctx, e, args, stdout)
+	case "retry":
+		return cmdRetry(ctx, e, args, stdout)
 	case "demo":
 		return cmdDemo(ctx, e, stdout)
 	}

@@ -104,3 +104,28 @@ func printable(s string) string {
 	}
 	return s
 }
+
+// cmdRetry makes a failed or cancelled job run once more.
+func cmdRetry(ctx context.Context, e env, args []string, stdout io.Writer) error {
+	if len(args) != 1 {
+		return fmt.Errorf("retry: need one job id: worker retry ID")
+	}
+	id, err := strconv.ParseInt(args[0], 10, 64)
+	if err != nil || id <= 0 {
+		return fmt.Errorf("retry: need a job id, got %q", printable(args[0]))
+	}
+	db, err := connect(ctx, e)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	ok, err := pool.RetryJob(ctx, db, id)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return fmt.Errorf("retry: job %d is unknown, or not failed or cancelled", id)
+	}
+	fmt.Fprintf(stdout, "job %d will run again\n", id)
+	return nil
+}

@@ -223,7 +223,7 @@ func TestFenceAndCompleteTxRefuseRevoked(t *testing.T) {
 	if err != store.ErrRevokedRow {
 		t.Fatalf("Fence on a revoked job: %v", err)
 	}
-	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error { return store.CompleteTx(ctx, tx, id, j.Token) })
+	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error { return store.CompleteTx(ctx, tx, id, j.Token, nil) })
 	if err != store.ErrRevokedRow {
 		t.Fatalf("CompleteTx on a revoked job: %v", err)
 	}

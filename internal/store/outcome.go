@@ -29,6 +29,9 @@ type Outcome struct {
 	// Revoke, when set, records the revocation the worker learned of (revoked_at, and this
 	// reason if the row has none yet).
 	Revoke *string
+	// Output, when not nil, is the JSON the handler recorded as the job's result; nil leaves the
+	// output column alone. Cleaned by Finish like progress.
+	Output []byte
 }
 
 // AttemptError is one entry of a job's errors history.
@@ -82,7 +85,7 @@ func finishQuery(outs []Outcome) (string, []any, error) {
 	n := len(outs)
 	ids, tokens, states := make([]int64, n), make([]int64, n), make([]string, n)
 	delays, giveBack := make([]int64, n), make([]bool, n)
-	errs, revokes := make([]*string, n), make([]*string, n)
+	errs, revokes, outputs := make([]*string, n), make([]*string, n), make([]*string, n)
 	for i := range outs {
 		o := &outs[i]
 		ids[i], tokens[i], states[i], delays[i], giveBack[i] = o.ID, o.Token, o.State, millis(o.RunIn), o.ReturnAttempt
@@ -94,8 +97,16 @@ func finishQuery(outs []Outcome) (string, []any, error) {
 			r := CleanText(*o.Revoke, MaxReasonBytes)
 			revokes[i] = &r
 		}
+		if o.Output != nil {
+			b, err := CleanJSON(o.Output)
+			if err != nil {
+				b = invalidOutput(err)
+			}
+			out := string(b)
+			outputs[i] = &out
+		}
 	}
-	return finishSQL, []any{ids, tokens, states, delays, giveBack, errs, revokes}, nil
+	return finishSQL, []any{ids, tokens, states, delays, giveBack, errs, revokes, outputs}, nil
 }
 
 func scanWritten(rows pgx.Rows, n int) ([]Written, error) {
@@ -120,10 +131,10 @@ const finishSQL = `
 			-- The token is checked here, on the latest row version. A row another transaction
 			-- holds (an operator's UPDATE, a report's FOR SHARE) is skipped rather than waited
 			-- for: the caller tries that one outcome again later, and the others are written now.
-			SELECT j.id, i.state, i.delay_ms, i.give_back, i.err, i.revoke
+			SELECT j.id, i.state, i.delay_ms, i.give_back, i.err, i.revoke, i.output
 			FROM leash.jobs j
-			JOIN unnest($1::bigint[], $2::bigint[], $3::text[], $4::bigint[], $5::boolean[], $6::jsonb[], $7::text[])
-				AS i(id, token, state, delay_ms, give_back, err, revoke) ON j.id = i.id AND j.lease_token = i.token
+			JOIN unnest($1::bigint[], $2::bigint[], $3::text[], $4::bigint[], $5::boolean[], $6::jsonb[], $7::text[], $8::jsonb[])
+				AS i(id, token, state, delay_ms, give_back, err, revoke, output) ON j.id = i.id AND j.lease_token = i.token
 			ORDER BY j.id
 			FOR NO KEY UPDATE OF j SKIP LOCKED
 		)
@@ -136,11 +147,19 @@ const finishSQL = `
 		    last_error = coalesce(u.err->>'error', j.last_error),
 		    revoked_at = CASE WHEN u.revoke IS NOT NULL THEN coalesce(j.revoked_at, now()) ELSE j.revoked_at END,
 		    revoke_reason = CASE WHEN u.revoke IS NOT NULL AND j.revoked_at IS NULL THEN u.revoke ELSE j.revoke_reason END,
+		    output = coalesce(u.output, j.output),
 		    lease_token = NULL, leased_by = NULL, lease_expires_at = NULL
 		FROM u
 		WHERE j.id = u.id
 		RETURNING j.id, j.state,
 		    CASE WHEN j.state IN ('available', 'retryable') AND j.run_at <= now() THEN leash.notify_available(j.queue) END`
+
+// invalidOutput stands in for an output that is not valid JSON: the outcome is written, with a
+// note of why the output is not.
+func invalidOutput(err error) []byte {
+	b, _ := json.Marshal(map[string]string{"invalid_output": CleanText(err.Error(), 512)})
+	return b
+}
 
 // StillHeld returns which of the jobs ids[i] still carry tokens[i] (read without a lock): an
 // outcome Finish did not write for such a job met a locked row, not a lost lease.
@@ -194,7 +213,16 @@ func Fence(ctx context.Context, tx DBTX, id, token int64) error {
 // CompleteTx marks the job completed in tx, guarded by its token; ErrFenced when the lease is
 // gone, ErrRevokedRow when the job was revoked (a revocation committed before the completion
 // wins).
-func CompleteTx(ctx context.Context, tx DBTX, id, token int64) error {
+func CompleteTx(ctx context.Context, tx DBTX, id, token int64, output []byte) error {
+	var out *string
+	if output != nil {
+		b, err := CleanJSON(output)
+		if err != nil {
+			return fmt.Errorf("complete job %d: output: %w", id, err)
+		}
+		o := string(b)
+		out = &o
+	}
 	var revoked bool
 	err := tx.QueryRow(ctx, `
 		WITH cur AS (
@@ -203,10 +231,11 @@ func CompleteTx(ctx context.Context, tx DBTX, id, token int64) error {
 			FOR NO KEY UPDATE
 		), done AS (
 			UPDATE leash.jobs j SET state = 'completed', finished_at = now(),
+			    output = coalesce($3::jsonb, j.output),
 			    lease_token = NULL, leased_by = NULL, lease_expires_at = NULL
 			FROM cur WHERE j.id = cur.id AND NOT cur.revoked
 		)
-		SELECT revoked FROM cur`, id, token).Scan(&revoked)
+		SELECT revoked FROM cur`, id, token, out).Scan(&revoked)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return ErrFenced
 	}

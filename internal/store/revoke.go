@@ -75,3 +75,14 @@ func Revoke(ctx context.Context, db DBTX, id int64, reason string) (bool, error)
 	}
 	return ok, nil
 }
+
+// RetryJob makes a failed or cancelled job run once more (leash.retry_job): false for an unknown,
+// queued or running job. It fails with a unique violation when another unfinished job holds the
+// job's unique key.
+func RetryJob(ctx context.Context, db DBTX, id int64) (bool, error) {
+	var ok bool
+	if err := db.QueryRow(ctx, `SELECT leash.retry_job($1)`, id).Scan(&ok); err != nil {
+		return false, fmt.Errorf("retry job %d: %w", id, err)
+	}
+	return ok, nil
+}
