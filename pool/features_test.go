@@ -322,4 +322,3 @@ func TestSnoozeIsNotAnAttempt(t *testing.T) {
 	}
 	waitFor(t, 10*time.Second, func() bool { return getRow(t, b.db, rid).State == "cancelled" })
 }
-
