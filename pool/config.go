@@ -112,6 +112,14 @@ type Config struct {
 	RetainFailed time.Duration
 	// RetentionInterval between deletion passes. Default 1m.
 	RetentionInterval time.Duration
+	// Schedules are stored in leash.schedules when Run starts (added, or updated by name; a
+	// schedule not listed here is left alone, so schedules can also be managed with
+	// UpsertSchedule or `worker schedule`). Run checks them first: a bad spec fails New.
+	Schedules []Schedule
+	// ScheduleInterval is the longest this worker goes without checking for due schedules (it
+	// also wakes when the earliest one is due). Default 1s; negative: this worker never
+	// enqueues scheduled jobs (others do).
+	ScheduleInterval time.Duration
 	// Logger receives the pool's logs. Default: discard.
 	Logger *slog.Logger
 	// Observer, when set, is told about each job as it finishes (for metrics).
@@ -163,6 +171,7 @@ func (c Config) withDefaults() Config {
 	c.RetainCompleted = cmp.Or(c.RetainCompleted, RetainCompletedDefault)
 	c.RetainFailed = cmp.Or(c.RetainFailed, RetainFailedDefault)
 	c.RetentionInterval = cmp.Or(c.RetentionInterval, RetentionIntervalDefault)
+	c.ScheduleInterval = cmp.Or(c.ScheduleInterval, ScheduleIntervalDefault)
 	if c.RetryBackoff == nil {
 		c.RetryBackoff = DefaultRetryBackoff
 	}
@@ -204,10 +213,17 @@ func (c Config) Validate() error {
 		return bad("RescueInterval", "must be at least 10ms, got %s", c.RescueInterval)
 	case c.ShutdownStallWait < 0:
 		return bad("ShutdownStallWait", "must not be negative, got %s", c.ShutdownStallWait)
+	case c.ScheduleInterval > 0 && c.ScheduleInterval < 10*time.Millisecond:
+		return bad("ScheduleInterval", "must be at least 10ms (or negative to turn schedules off), got %s", c.ScheduleInterval)
 	case c.ControlConns > 100:
 		return bad("ControlConns", "must be at most 100, got %d", c.ControlConns)
 	case !validName(c.ID):
 		return bad("ID", "must be valid UTF-8 without NUL bytes")
+	}
+	for i, s := range c.Schedules {
+		if _, err := s.row(); err != nil {
+			return bad("Schedules", "[%d]: %v", i, err)
+		}
 	}
 	for kind, d := range c.Timeouts {
 		if d < time.Millisecond || d > MaxTimeout {

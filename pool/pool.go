@@ -41,6 +41,8 @@ type Metrics struct {
 	Abandoned   atomic.Int64 // jobs left to their lease at shutdown because the handler did not stop
 	TimedOut    atomic.Int64 // attempts cancelled by their timeout
 	Pruned      atomic.Int64 // finished jobs deleted by retention
+	ScheduledJobs  atomic.Int64 // jobs this worker enqueued for schedule ticks
+	ScheduleErrors atomic.Int64 // schedules refused (bad spec) or ticks that could not be enqueued
 	// Revocations by how they arrived.
 	RevokedByNotification atomic.Int64
 	RevokedByRenewal      atomic.Int64
@@ -265,7 +267,7 @@ func (p *Pool) Run(ctx context.Context) error {
 	defer stopServices()
 	services, svcCtx := errgroup.WithContext(svcCtx)
 	rescuer := &lease.Rescuer{DB: controlDB{p}, Interval: p.cfg.RescueInterval, Logger: p.log, Metrics: &p.metrics.Lease}
-	for _, svc := range []func(context.Context){p.keeper.Run, rescuer.Run, p.watchStalls, p.runRetention, p.revocations.run,
+	for _, svc := range []func(context.Context){p.keeper.Run, rescuer.Run, p.watchStalls, p.runRetention, p.revocations.run, p.runSchedules,
 		func(ctx context.Context) { p.listener.Run(ctx) }} {
 		services.Go(func() error { svc(svcCtx); return nil })
 	}

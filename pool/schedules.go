@@ -1,0 +1,348 @@
+package pool
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/robfig/cron/v3"
+
+	"github.com/leashq/leash/internal/store"
+)
+
+// Schedule is a durable periodic job: a row of leash.schedules. Every worker checks for due
+// schedules; whichever first sees a tick due enqueues its job (run_at = the tick) in one
+// transaction with advancing the schedule, so each tick is enqueued exactly once, with no leader,
+// through restarts of every worker. Ticks missed while no worker ran (or while workers were
+// late) are enqueued as one job, for the first missed tick, not as a burst.
+type Schedule struct {
+	// Name identifies the schedule (1 to 128 characters).
+	Name string
+	// Spec says when it fires: a 5-field cron expression (minute hour day-of-month month
+	// day-of-week), in UTC unless it starts with CRON_TZ=<IANA zone>; a descriptor (@yearly,
+	// @monthly, @weekly, @daily, @hourly); or @every <duration> (Go syntax, at least 100ms),
+	// whose ticks stay on a fixed grid from the first one.
+	Spec string
+	// Kind, Payload, Queue, Priority, MaxAttempts and Timeout are those of each job it enqueues,
+	// as in Insert.
+	Kind        string
+	Payload     any
+	Queue       string
+	Priority    int16
+	MaxAttempts int
+	Timeout     time.Duration
+}
+
+// ScheduleState is a schedule as stored, with what workers recorded about it.
+type ScheduleState struct {
+	Name        string
+	Spec        string
+	Kind        string
+	Payload     json.RawMessage
+	Queue       string
+	Priority    int16
+	MaxAttempts int
+	Timeout     time.Duration
+	// NextRunAt is the next tick to enqueue; nil until a worker first sees the schedule.
+	NextRunAt *time.Time
+	// LastRunAt is the last tick enqueued, LastJobID its job.
+	LastRunAt *time.Time
+	LastJobID *int64
+	// LastError says why the spec was refused (the schedule does not fire until its spec
+	// changes) or why the last tick could not be enqueued; empty when fine.
+	LastError string
+}
+
+// Stopped reports whether the schedule does not fire because its spec was refused.
+func (s ScheduleState) Stopped() bool { return s.NextRunAt != nil && !s.NextRunAt.Before(store.Never) }
+
+// ScheduleIntervalDefault is the default Config.ScheduleInterval.
+const ScheduleIntervalDefault = time.Second
+
+// MinEvery is the shortest @every interval.
+const MinEvery = 100 * time.Millisecond
+
+// tickSpec computes a schedule's ticks.
+type tickSpec interface {
+	// next returns the first tick after t, or the zero time when there is none.
+	next(t time.Time) time.Time
+}
+
+type cronSpec struct{ s cron.Schedule }
+
+func (c cronSpec) next(t time.Time) time.Time { return c.s.Next(t.UTC()) }
+
+type everySpec struct{ d time.Duration }
+
+func (e everySpec) next(t time.Time) time.Time { return t.Add(e.d) }
+
+var cronParser = cron.NewParser(cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
+
+// ValidateSpec checks a schedule spec; the error says what is wrong with it.
+func ValidateSpec(spec string) error {
+	_, err := parseSpec(spec)
+	return err
+}
+
+func parseSpec(spec string) (tickSpec, error) {
+	if len(spec) > 256 || !validName(spec) {
+		return nil, errors.New("spec must be at most 256 bytes of valid UTF-8 without NUL")
+	}
+	s := strings.TrimSpace(spec)
+	if rest, ok := strings.CutPrefix(s, "@every"); ok {
+		d, err := time.ParseDuration(strings.TrimSpace(rest))
+		if err != nil || rest == "" || (rest[0] != ' ' && rest[0] != '\t') {
+			return nil, fmt.Errorf("spec %q: @every needs a duration such as @every 5m", spec)
+		}
+		if d < MinEvery {
+			return nil, fmt.Errorf("spec %q: @every must be at least %s", spec, MinEvery)
+		}
+		return everySpec{d}, nil
+	}
+	if strings.HasPrefix(s, "TZ=") {
+		return nil, fmt.Errorf("spec %q: write the zone as CRON_TZ=<zone>", spec)
+	}
+	if strings.Contains(s, "@every") {
+		return nil, fmt.Errorf("spec %q: @every takes no zone", spec)
+	}
+	cs, err := cronParser.Parse(s)
+	if err != nil {
+		return nil, fmt.Errorf("spec %q: %w", spec, err)
+	}
+	t := cronSpec{cs}
+	if t.next(time.Now()).IsZero() {
+		return nil, fmt.Errorf("spec %q never fires", spec)
+	}
+	return t, nil
+}
+
+func (s Schedule) row() (store.ScheduleRow, error) {
+	switch {
+	case s.Name == "" || len(s.Name) > 128 || !validName(s.Name):
+		return store.ScheduleRow{}, fmt.Errorf("%w: schedule name must be 1 to 128 bytes of valid UTF-8 without NUL", ErrInvalidJob)
+	}
+	if err := ValidateSpec(s.Spec); err != nil {
+		return store.ScheduleRow{}, fmt.Errorf("%w: schedule %s: %v", ErrInvalidJob, s.Name, err)
+	}
+	p, err := params(s.Kind, s.Payload, &InsertOpts{Queue: s.Queue, Priority: s.Priority, MaxAttempts: s.MaxAttempts, Timeout: s.Timeout})
+	if err != nil {
+		return store.ScheduleRow{}, fmt.Errorf("schedule %s: %w", s.Name, err)
+	}
+	payload := p.Payload
+	if payload != nil {
+		if payload, err = store.CleanJSON(payload); err != nil {
+			return store.ScheduleRow{}, fmt.Errorf("%w: schedule %s: payload: %v", ErrInvalidJob, s.Name, err)
+		}
+	}
+	return store.ScheduleRow{Name: s.Name, Spec: strings.TrimSpace(s.Spec), Kind: p.Kind, Payload: payload, Queue: p.Queue,
+		Priority: p.Priority, MaxAttempts: p.MaxAttempts, Timeout: p.Timeout}, nil
+}
+
+// UpsertSchedule adds a schedule, or updates the one of that name. A changed spec takes effect
+// from its own next tick; an unchanged schedule is left as it is (its next tick stands).
+func UpsertSchedule(ctx context.Context, db DB, s Schedule) error {
+	row, err := s.row()
+	if err != nil {
+		return err
+	}
+	return store.UpsertSchedule(ctx, db, row)
+}
+
+// RemoveSchedule deletes a schedule; false when there was none. Jobs it enqueued stay.
+func RemoveSchedule(ctx context.Context, db DB, name string) (bool, error) {
+	return store.RemoveSchedule(ctx, db, name)
+}
+
+// ListSchedules returns every schedule by name.
+func ListSchedules(ctx context.Context, db DB) ([]ScheduleState, error) {
+	rows, err := store.ListSchedules(ctx, db)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]ScheduleState, len(rows))
+	for i, r := range rows {
+		out[i] = ScheduleState{Name: r.Name, Spec: r.Spec, Kind: r.Kind, Payload: r.Payload, Queue: r.Queue,
+			Priority: r.Priority, MaxAttempts: int(r.MaxAttempts), Timeout: r.Timeout, NextRunAt: r.NextRunAt,
+			LastRunAt: r.LastRunAt, LastJobID: r.LastJobID, LastError: cmp.Or(deref(r.LastError), "")}
+	}
+	return out, nil
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+// specCache keeps parsed specs by text: a schedule's spec is parsed once per worker.
+type specCache struct {
+	mu sync.Mutex
+	m  map[string]specResult
+}
+
+type specResult struct {
+	spec tickSpec
+	err  error
+}
+
+func (c *specCache) parse(spec string) (tickSpec, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if r, ok := c.m[spec]; ok {
+		return r.spec, r.err
+	}
+	if c.m == nil || len(c.m) > 10000 {
+		c.m = map[string]specResult{}
+	}
+	s, err := parseSpec(spec)
+	c.m[spec] = specResult{s, err}
+	return s, err
+}
+
+// decideTick says what to do with a schedule found due at now (database clock).
+func decideTick(spec tickSpec, row store.ScheduleRow, now time.Time) store.Tick {
+	if row.NextRunAt == nil {
+		return store.Tick{Next: spec.next(now)} // first sight: fire from the next tick on
+	}
+	tick := *row.NextRunAt
+	next := spec.next(tick)
+	if !next.After(now) {
+		// Ticks were missed: this one job stands for all of them; go on from the next tick to come.
+		if e, ok := spec.(everySpec); ok {
+			next = tick.Add((now.Sub(tick)/e.d + 1) * e.d)
+		} else {
+			next = spec.next(now)
+		}
+	}
+	return store.Tick{Enqueue: true, Next: next}
+}
+
+// runSchedules upserts Config.Schedules, then enqueues due ticks until ctx is done: after each
+// pass it sleeps until the earliest schedule is due, at most ScheduleInterval.
+func (p *Pool) runSchedules(ctx context.Context) {
+	if p.cfg.ScheduleInterval < 0 {
+		return
+	}
+	for i := 0; i < len(p.cfg.Schedules); {
+		err := UpsertSchedule(ctx, p.control(), p.cfg.Schedules[i])
+		if err == nil {
+			i++
+			continue
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		p.log.WarnContext(ctx, "storing a configured schedule failed; retrying", slog.String("schedule", p.cfg.Schedules[i].Name), slog.Any("err", err))
+		if !sleepCtx(ctx, p.cfg.ScheduleInterval) {
+			return
+		}
+	}
+	var specs specCache
+	for {
+		wait := p.cfg.ScheduleInterval
+		more, err := p.scheduleOnce(ctx, &specs)
+		switch {
+		case err != nil:
+			if ctx.Err() != nil {
+				return
+			}
+			p.log.WarnContext(ctx, "enqueueing scheduled jobs failed", slog.Any("err", err))
+		case more:
+			wait = 0
+		default:
+			sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			in, ok, err := store.NextScheduleIn(sctx, p.control())
+			cancel()
+			if err == nil && ok {
+				wait = min(wait, in)
+			}
+		}
+		if !sleepCtx(ctx, wait) {
+			return
+		}
+	}
+}
+
+const schedulesPerPass = 100
+
+// scheduleOnce handles the schedules due now, in one transaction; more reports a full batch.
+func (p *Pool) scheduleOnce(ctx context.Context, specs *specCache) (more bool, err error) {
+	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	var enqueued int
+	err = pgx.BeginFunc(sctx, p.control(), func(tx pgx.Tx) error {
+		rows, now, err := store.DueSchedules(sctx, tx, schedulesPerPass)
+		if err != nil {
+			return err
+		}
+		more = len(rows) == schedulesPerPass
+		for _, row := range rows {
+			spec, perr := specs.parse(row.Spec)
+			var t store.Tick
+			if perr != nil {
+				t = store.Tick{Err: perr.Error()}
+			} else {
+				t = decideTick(spec, row, now)
+			}
+			if t.Err == "" && t.Next.IsZero() {
+				t = store.Tick{Err: fmt.Sprintf("spec %q has no tick after %s", row.Spec, now.UTC().Format(time.RFC3339))}
+			}
+			if t.Err != "" {
+				p.metrics.ScheduleErrors.Add(1)
+				p.log.ErrorContext(ctx, "schedule refused; it stays stopped until its spec changes",
+					slog.String("schedule", safeName(row.Name)), slog.String("err", store.CleanText(t.Err, 512)))
+			}
+			id, err := store.ApplyTick(sctx, tx, row, t)
+			if err != nil {
+				if sctx.Err() != nil {
+					return err
+				}
+				// This tick is skipped, the schedule goes on, the others of the pass are not held up.
+				p.metrics.ScheduleErrors.Add(1)
+				p.log.ErrorContext(ctx, "enqueueing a scheduled job failed; skipping this tick",
+					slog.String("schedule", safeName(row.Name)), slog.Any("err", err))
+				if err := store.SkipTick(sctx, tx, row.Name, t.Next, err.Error()); err != nil {
+					return err
+				}
+				continue
+			}
+			if id != 0 {
+				enqueued++
+				p.log.DebugContext(ctx, "scheduled job enqueued", slog.String("schedule", safeName(row.Name)),
+					slog.Int64("job_id", id), slog.Time("tick", *row.NextRunAt))
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return false, fmt.Errorf("enqueue scheduled jobs: %w", err)
+	}
+	p.metrics.ScheduledJobs.Add(int64(enqueued))
+	return more, nil
+}
+
+// safeName bounds a name read from the database for a log line.
+func safeName(s string) string { return store.CleanText(s, 128) }
+
+// sleepCtx waits d or until ctx is done; false when ctx is done.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

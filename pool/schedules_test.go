@@ -1,0 +1,166 @@
+package pool_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/leashq/leash/internal/pgtest"
+	"github.com/leashq/leash/pool"
+)
+
+// ticks returns the run_at of every job the schedule's kind has, in order.
+func ticks(t *testing.T, db *pgxpool.Pool, kind string) []time.Time {
+	t.Helper()
+	rows, err := db.Query(context.Background(), `SELECT run_at FROM leash.jobs WHERE kind = $1 ORDER BY run_at`, kind)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var out []time.Time
+	for rows.Next() {
+		var ts time.Time
+		if err := rows.Scan(&ts); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, ts)
+	}
+	return out
+}
+
+func scheduleConfig(s ...pool.Schedule) pool.Config {
+	cfg := fastConfig()
+	cfg.ScheduleInterval = 10 * time.Millisecond
+	cfg.Schedules = s
+	return cfg
+}
+
+// Three pools race on one schedule for many ticks: every tick is enqueued exactly once, on the
+// schedule's grid, with no duplicate and no gap.
+func TestScheduleExactlyOnceAcrossPools(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	const every = 300 * time.Millisecond
+	s := pool.Schedule{Name: "beat", Spec: "@every 300ms", Kind: "beat", Payload: map[string]string{"from": "schedule"}}
+	for range 3 {
+		p, _ := setup(t, db, scheduleConfig(s), map[string]pool.Handler{"beat": noop()})
+		start(t, p)
+	}
+	waitFor(t, 30*time.Second, func() bool { return len(ticks(t, db, "beat")) >= 12 })
+	got := ticks(t, db, "beat")
+	for i := 1; i < len(got); i++ {
+		if d := got[i].Sub(got[i-1]); d != every {
+			t.Fatalf("ticks %d and %d are %s apart; want %s (ticks %v)", i-1, i, d, every, got)
+		}
+	}
+	var payloadOK bool
+	if err := db.QueryRow(context.Background(),
+		`SELECT bool_and(payload = '{"from":"schedule"}') FROM leash.jobs WHERE kind = 'beat'`).Scan(&payloadOK); err != nil || !payloadOK {
+		t.Fatalf("scheduled jobs' payload: %v, %v", payloadOK, err)
+	}
+	list, err := pool.ListSchedules(context.Background(), db)
+	if err != nil || len(list) != 1 || list[0].LastJobID == nil || list[0].LastRunAt == nil || list[0].NextRunAt == nil {
+		t.Fatalf("ListSchedules = %+v, %v", list, err)
+	}
+}
+
+// A schedule survives restarts of every worker: the ticks missed while none ran are enqueued as
+// one job, and the schedule goes on on its grid.
+func TestScheduleSurvivesRestarts(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	const every = 200 * time.Millisecond
+	s := pool.Schedule{Name: "r", Spec: "@every 200ms", Kind: "r"}
+	for round := range 2 {
+		p, _ := setup(t, db, scheduleConfig(s), map[string]pool.Handler{"r": noop()})
+		done := make(chan error, 1)
+		go func() { done <- p.Run(context.Background()) }()
+		want := 3 * (round + 1)
+		waitFor(t, 20*time.Second, func() bool { return len(ticks(t, db, "r")) >= want })
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		p.Shutdown(ctx)
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if round == 0 {
+			time.Sleep(6 * every) // no worker runs for several ticks
+		}
+	}
+	got := ticks(t, db, "r")
+	long := 0
+	for i := 1; i < len(got); i++ {
+		d := got[i].Sub(got[i-1])
+		if d%every != 0 || d == 0 {
+			t.Fatalf("ticks %s apart: off the grid or duplicated (%v)", d, got)
+		}
+		if d > every {
+			long++
+		}
+	}
+	if long != 1 {
+		t.Fatalf("%d gaps longer than one tick; want exactly one, for the time no worker ran (%v)", long, got)
+	}
+}
+
+// Bad specs: refused with a message by the Go API and by New; the database refuses garbage; a
+// well-formed spec the worker cannot use stops that schedule alone, is recorded and counted, and
+// a corrected spec re-arms it.
+func TestBadSchedules(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	ctx := context.Background()
+	for _, spec := range []string{"", "hello", "61 * * * *", "* * * *", "CRON_TZ=Mars/Olympus 0 9 * * *",
+		"@every 1ms", "@every soon", "@everyday", "TZ=UTC 0 0 * * *", "0 0 30 2 *", "0 0 * * *\x00", "\xff * * * *"} {
+		err := pool.UpsertSchedule(ctx, db, pool.Schedule{Name: "x", Spec: spec, Kind: "k"})
+		if !errors.Is(err, pool.ErrInvalidJob) {
+			t.Errorf("spec %q: %v; want ErrInvalidJob", spec, err)
+		}
+	}
+	for _, spec := range []string{"CRON_TZ=Europe/Berlin 0 9 * * 1-5", "@daily", "*/5 * * * *", "@every 1h30m"} {
+		if err := pool.ValidateSpec(spec); err != nil {
+			t.Errorf("spec %q refused: %v", spec, err)
+		}
+	}
+	if _, err := pool.New(db, scheduleConfig(pool.Schedule{Name: "n", Spec: "61 * * * *", Kind: "k"})); err == nil {
+		t.Error("New accepted a bad schedule")
+	}
+	if err := pool.UpsertSchedule(ctx, db, pool.Schedule{Name: "a\x00", Spec: "@daily", Kind: "k"}); err == nil {
+		t.Error("a name with NUL accepted")
+	}
+
+	var pe *pgconn.PgError
+	if _, err := db.Exec(ctx, `INSERT INTO leash.schedules (name, spec, kind) VALUES ('garbage', 'hello', 'k')`); !errors.As(err, &pe) || pe.Code != "23514" {
+		t.Fatalf("garbage spec from SQL: %v; want a check violation", err)
+	}
+	if _, err := db.Exec(ctx, `INSERT INTO leash.schedules (name, spec, kind) VALUES
+		('bad', '99 * * * *', 'bad'), ('good', '@every 150ms', 'good')`); err != nil {
+		t.Fatal(err)
+	}
+	p, _ := setup(t, db, scheduleConfig(), map[string]pool.Handler{"good": noop(), "bad": noop()})
+	start(t, p)
+	waitFor(t, 20*time.Second, func() bool { return len(ticks(t, db, "good")) >= 3 })
+	list, err := pool.ListSchedules(ctx, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := slices.IndexFunc(list, func(s pool.ScheduleState) bool { return s.Name == "bad" })
+	if i < 0 || !list[i].Stopped() || list[i].LastError == "" {
+		t.Fatalf("bad schedule: %+v; want stopped with its error", list)
+	}
+	if n := len(ticks(t, db, "bad")); n != 0 || p.Metrics().ScheduleErrors.Load() == 0 {
+		t.Fatalf("bad schedule enqueued %d jobs, errors counted %d", n, p.Metrics().ScheduleErrors.Load())
+	}
+	if _, err := db.Exec(ctx, `UPDATE leash.schedules SET spec = '@every 150ms' WHERE name = 'bad'`); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, func() bool { return len(ticks(t, db, "bad")) >= 2 })
+	if ok, err := pool.RemoveSchedule(ctx, db, "bad"); !ok || err != nil {
+		t.Fatalf("RemoveSchedule = %v, %v", ok, err)
+	}
+}
