@@ -29,18 +29,18 @@ type Metrics struct {
 	Lease  lease.Metrics
 	Notify notify.Metrics
 
-	Claimed     atomic.Int64
-	Completed   atomic.Int64
-	Retried     atomic.Int64
-	Failed      atomic.Int64
-	Cancelled   atomic.Int64
-	HandedBack  atomic.Int64
-	StaleWrites atomic.Int64 // outcomes and writes rejected by the lease fence
-	Panics      atomic.Int64
-	Stalled     atomic.Int64 // handlers running on after their lease ended, at the last check
-	Abandoned   atomic.Int64 // jobs left to their lease at shutdown because the handler did not stop
-	TimedOut    atomic.Int64 // attempts cancelled by their timeout
-	Pruned      atomic.Int64 // finished jobs deleted by retention
+	Claimed        atomic.Int64
+	Completed      atomic.Int64
+	Retried        atomic.Int64
+	Failed         atomic.Int64
+	Cancelled      atomic.Int64
+	HandedBack     atomic.Int64
+	StaleWrites    atomic.Int64 // outcomes and writes rejected by the lease fence
+	Panics         atomic.Int64
+	Stalled        atomic.Int64 // handlers running on after their lease ended, at the last check
+	Abandoned      atomic.Int64 // jobs left to their lease at shutdown because the handler did not stop
+	TimedOut       atomic.Int64 // attempts cancelled by their timeout
+	Pruned         atomic.Int64 // finished jobs deleted by retention
 	ScheduledJobs  atomic.Int64 // jobs this worker enqueued for schedule ticks
 	ScheduleErrors atomic.Int64 // schedules refused (bad spec) or ticks that could not be enqueued
 	// Revocations by how they arrived.
