@@ -185,11 +185,21 @@ func runChild(ctx context.Context, job *pool.Job, path string, a ExecArgs, timeo
 	if err != nil {
 		var ee *exec.ExitError
 		if errors.As(err, &ee) {
+			job.SetOutput(ExecOutput{ExitCode: ee.ExitCode(), Tail: out.text()})
 			return fmt.Errorf("exec %s: exit code %d: %s", a.Cmd[0], ee.ExitCode(), out.text())
 		}
 		return fmt.Errorf("exec %s: %w", a.Cmd[0], err)
 	}
+	job.SetOutput(ExecOutput{ExitCode: 0, Tail: out.text()})
 	return nil
+}
+
+// ExecOutput is what the exec handler records as a job's output when the command ran to its
+// end: its exit code and the tail of its combined stdout and stderr (at most 2 kB, valid UTF-8
+// without NUL).
+type ExecOutput struct {
+	ExitCode int    `json:"exit_code"`
+	Tail     string `json:"tail"`
 }
 
 // EnvDenied says why the payload's env may never set name ("" when it is not denied; whether it

@@ -93,6 +93,9 @@ func HTTP(client *http.Client) pool.Handler {
 		defer resp.Body.Close()
 		head, _ := io.ReadAll(io.LimitReader(resp.Body, httpBodyKept))
 		io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
+		// The job's output: the status and the start of the body, as clean text (any bytes the
+		// receiver sent: NUL, invalid UTF-8, binary), whatever the outcome.
+		job.SetOutput(HTTPOutput{Status: resp.StatusCode, Body: strings.TrimSpace(headText(head, httpBodyKept))})
 		if resp.StatusCode >= 200 && resp.StatusCode < 300 {
 			return nil
 		}
@@ -275,4 +278,11 @@ func redact(u *url.URL) string {
 	c := *u
 	c.User = nil
 	return c.String()
+}
+
+// HTTPOutput is what the http handler records as a job's output: the response's status and the
+// start of its body (at most 1 kB, valid UTF-8 without NUL).
+type HTTPOutput struct {
+	Status int    `json:"status"`
+	Body   string `json:"body"`
 }

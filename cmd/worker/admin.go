@@ -3,12 +3,16 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/leashq/leash/internal/store"
 	"github.com/leashq/leash/pool"
@@ -23,6 +27,7 @@ func cmdEnqueue(ctx context.Context, e env, args []string, stdout, stderr io.Wri
 	priority := fs.Int("priority", 0, "priority, lower runs first (-32768..32767)")
 	delay := fs.Duration("delay", 0, "run no sooner than this from now, e.g. 30s")
 	maxAttempts := fs.Int("max-attempts", pool.MaxAttemptsDefault, "attempts before the job fails for good")
+	uniqueKey := fs.String("unique-key", "", "skip the insert while another unfinished job has this key (prints that job's id)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -41,7 +46,12 @@ func cmdEnqueue(ctx context.Context, e env, args []string, stdout, stderr io.Wri
 	}
 	defer db.Close()
 	id, err := pool.Insert(ctx, db, *kind, json.RawMessage(*payload), &pool.InsertOpts{
-		Queue: *queue, Priority: int16(*priority), Delay: *delay, MaxAttempts: *maxAttempts})
+		Queue: *queue, Priority: int16(*priority), Delay: *delay, MaxAttempts: *maxAttempts, UniqueKey: *uniqueKey})
+	if errors.Is(err, pool.ErrDuplicate) {
+		fmt.Fprintf(stderr, "duplicate: job %d holds unique key %s\n", id, printable(*uniqueKey))
+		fmt.Fprintln(stdout, id)
+		return nil
+	}
 	if err != nil {
 		return fmt.Errorf("enqueue: %w", err)
 	}
@@ -84,12 +94,25 @@ func cmdRevoke(ctx context.Context, e env, args []string, stdout, stderr io.Writ
 	return nil
 }
 
-func cmdStatus(ctx context.Context, e env, stdout io.Writer) error {
+func cmdStatus(ctx context.Context, e env, args []string, stdout io.Writer) error {
+	if len(args) > 1 {
+		return fmt.Errorf("status: want at most one job id")
+	}
+	var id int64
+	if len(args) == 1 {
+		var err error
+		if id, err = strconv.ParseInt(args[0], 10, 64); err != nil || id <= 0 {
+			return fmt.Errorf("status: need a job id, got %s", printable(args[0]))
+		}
+	}
 	db, err := connect(ctx, e)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
+	if id != 0 {
+		return jobStatus(ctx, db, id, stdout)
+	}
 	st, err := store.ReadStatus(ctx, db, 50)
 	if err != nil {
 		return err
@@ -122,4 +145,56 @@ func cmdStatus(ctx context.Context, e env, stdout io.Writer) error {
 			r.Token, r.HeartbeatAge.Round(time.Millisecond), r.LeaseLeft.Round(time.Millisecond), revoked, r.Progress)
 	}
 	return w.Flush()
+}
+
+// jobStatus prints one job: its state, attempts, error and output.
+func jobStatus(ctx context.Context, db store.DBTX, id int64, stdout io.Writer) error {
+	j, err := store.GetJob(ctx, db, id)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("status: no job %d", id)
+	}
+	if err != nil {
+		return err
+	}
+	opt := func(s *string) string {
+		if s == nil {
+			return "-"
+		}
+		return *s
+	}
+	when := func(t *time.Time) string {
+		if t == nil {
+			return "-"
+		}
+		return t.Local().Format(time.DateTime + ".000")
+	}
+	w := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
+	fmt.Fprintf(w, "job\t%d\n", j.ID)
+	fmt.Fprintf(w, "kind\t%s\n", printable(j.Kind))
+	fmt.Fprintf(w, "queue\t%s\n", printable(j.Queue))
+	fmt.Fprintf(w, "state\t%s\n", j.State)
+	fmt.Fprintf(w, "attempt\t%d of %d\n", j.Attempt, j.MaxAttempts)
+	fmt.Fprintf(w, "unique key\t%s\n", printable(opt(j.UniqueKey)))
+	fmt.Fprintf(w, "created\t%s\n", when(&j.CreatedAt))
+	fmt.Fprintf(w, "run at\t%s\n", when(&j.RunAt))
+	fmt.Fprintf(w, "attempted\t%s\n", when(j.AttemptedAt))
+	fmt.Fprintf(w, "finished\t%s\n", when(j.FinishedAt))
+	if j.RevokedAt != nil {
+		fmt.Fprintf(w, "revoked\t%s (%s)\n", when(j.RevokedAt), printable(store.CleanText(opt(j.RevokeReason), 200)))
+	}
+	fmt.Fprintf(w, "last error\t%s\n", printable(store.CleanText(opt(j.LastError), 500)))
+	w.Flush()
+	fmt.Fprintf(stdout, "output:\n%s\n", terminalSafe(store.CleanText(opt(j.Output), 8<<10)))
+	return nil
+}
+
+// terminalSafe drops control characters other than newline and tab from text written by
+// anyone (a job's output), so that it cannot rewrite the terminal.
+func terminalSafe(s string) string {
+	return strings.Map(func(r rune) rune {
+		if (r < 0x20 && r != '\n' && r != '\t') || r == 0x7f || (r >= 0x80 && r < 0xa0) {
+			return -1
+		}
+		return r
+	}, s)
 }

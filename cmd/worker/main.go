@@ -20,6 +20,7 @@ import (
 	"syscall"
 	"text/tabwriter"
 	"time"
+	_ "time/tzdata" // CRON_TZ zones resolve in images without a zone database
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -44,8 +45,9 @@ commands:
   enqueue   add a job: worker enqueue -kind sleep -payload '{"duration":"2s"}'
   revoke    revoke a job: worker revoke ID [-reason TEXT]
   retry     run a failed or cancelled job once more: worker retry ID
-  status    show counts per queue and state, and the running jobs
+  status    show counts per queue and state, and the running jobs; status ID shows one job and its output
   queue     list, pause, resume or cap queues: worker queue pause NAME (see worker queue)
+  schedule  list, add or remove durable periodic jobs (see worker schedule)
   health    probe a running worker's /readyz (for container health checks)
   demo      a guided tour on a private PostgreSQL (or DATABASE_URL): workload, revocation, summary
   version   print the release and the schema version this worker needs
@@ -94,11 +96,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	case "revoke":
 		return cmdRevoke(ctx, e, args, stdout, stderr)
 	case "status":
-		return cmdStatus(ctx, e, stdout)
+		return cmdStatus(ctx, e, args, stdout)
 	case "queue":
 		return cmdQueue(ctx, e, args, stdout)
 	case "retry":
 		return cmdRetry(ctx, e, args, stdout)
+	case "schedule":
+		return cmdSchedule(ctx, e, args, stdout, stderr)
 	case "demo":
 		return cmdDemo(ctx, e, stdout)
 	}

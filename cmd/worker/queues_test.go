@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -45,5 +46,59 @@ func TestQueueCommands(t *testing.T) {
 		if _, err := runCmd(t, env, bad...); err == nil {
 			t.Errorf("%q accepted", bad)
 		}
+	}
+}
+
+func TestScheduleRetryAndStatusCommands(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	env := envOf("DATABASE_URL", url)
+	db := pgtest.PoolFor(t, url)
+	ctx := context.Background()
+	steps := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"schedule", "list"}, "no schedules"},
+		{[]string{"schedule", "add", "-name", "nightly", "-spec", "CRON_TZ=Europe/Paris 0 3 * * *", "-kind", "report", "-payload", `{"full":true}`}, "schedule nightly stored"},
+		{[]string{"schedule", "add", "-name", "nightly", "-spec", "@every 1h", "-kind", "report"}, "schedule nightly stored"},
+		{[]string{"schedule", "list"}, "@every 1h"},
+		{[]string{"schedule", "remove", "nightly"}, "schedule nightly removed"},
+	}
+	for _, s := range steps {
+		out, err := runCmd(t, env, s.args...)
+		if err != nil || !strings.Contains(out, s.want) {
+			t.Fatalf("%v: %q, %v; want %q", s.args, out, err, s.want)
+		}
+	}
+	for _, bad := range [][]string{{"schedule"}, {"schedule", "frob"}, {"schedule", "remove", "nightly"},
+		{"schedule", "add", "-name", "x", "-spec", "61 * * * *", "-kind", "k"},
+		{"schedule", "add", "-name", "x", "-spec", "@daily"},
+		{"schedule", "add", "-name", "x", "-spec", "@daily", "-kind", "k", "-payload", "{nope"},
+		{"retry"}, {"retry", "abc"}, {"retry", "999999"}, {"status", "x"}, {"status", "999999"}} {
+		if _, err := runCmd(t, env, bad...); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+
+	// retry and status ID on a failed job with output.
+	var id int64
+	if err := db.QueryRow(ctx, `INSERT INTO leash.jobs (kind, state, attempt, max_attempts, finished_at, last_error, output, unique_key)
+		VALUES ('k', 'failed', 1, 1, now(), e'boom\x1b[2J', '{"exit_code": 3, "tail": "x"}', 'u1') RETURNING id`).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	out, err := runCmd(t, env, "status", strconv.FormatInt(id, 10))
+	if err != nil || !strings.Contains(out, `"exit_code": 3`) || !strings.Contains(out, "failed") || !strings.Contains(out, "u1") || strings.Contains(out, "\x1b") {
+		t.Fatalf("status ID: %q, %v", out, err)
+	}
+	if out, err := runCmd(t, env, "retry", strconv.FormatInt(id, 10)); err != nil || !strings.Contains(out, "will run again") {
+		t.Fatalf("retry: %q, %v", out, err)
+	}
+	if _, err := runCmd(t, env, "retry", strconv.FormatInt(id, 10)); err == nil {
+		t.Fatal("retry of a queued job accepted")
+	}
+	out, err = runCmd(t, env, "enqueue", "-kind", "k", "-unique-key", "u1")
+	if err != nil || strings.TrimSpace(out) != strconv.FormatInt(id, 10) {
+		t.Fatalf("enqueue of a held key: %q, %v; want the holder's id %d", out, err, id)
 	}
 }

@@ -107,11 +107,14 @@ type JobRow struct {
 	CreatedAt      time.Time
 	AttemptedAt    *time.Time
 	FinishedAt     *time.Time
+	UniqueKey      *string
+	Output         *string // pretty-printed JSON
 }
 
 const jobColumns = `id, queue, kind, jsonb_pretty(payload), state, priority, attempt, max_attempts, run_at,
 	lease_token, leased_by, lease_expires_at - now(), now() - heartbeat_at, revoked_at, revoke_reason,
-	progress::text, last_error, jsonb_pretty(errors), created_at, attempted_at, finished_at`
+	progress::text, last_error, jsonb_pretty(errors), created_at, attempted_at, finished_at,
+	unique_key, jsonb_pretty(output)`
 
 // GetJob reads one job; pgx.ErrNoRows when there is none.
 func GetJob(ctx context.Context, db DBTX, id int64) (JobRow, error) {
