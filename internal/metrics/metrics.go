@@ -93,6 +93,8 @@ func RegisterPool(reg prometheus.Registerer, p *pool.Pool, db store.DBTX) {
 		counter("leash_jobs_abandoned_total", "Jobs left to their lease at shutdown because the handler ignored cancellation.", m.Abandoned.Load),
 		counter("leash_listener_backends_terminated_total", "Stranded LISTEN backends of earlier listener connections terminated.", m.Notify.Terminated.Load),
 		counter("leash_jobs_pruned_total", "Finished jobs deleted by retention.", m.Pruned.Load),
+		counter("leash_scheduled_jobs_total", "Jobs this worker enqueued for schedule ticks (leash.schedules).", m.ScheduledJobs.Load),
+		counter("leash_schedule_errors_total", "Schedules refused for a spec the worker cannot use, and schedule ticks that could not be enqueued.", m.ScheduleErrors.Load),
 		gauge("leash_handlers_stalled", "Handlers still running after their lease ended (they ignore cancellation).", func() float64 { return float64(m.Stalled.Load()) }),
 		counter("leash_notifications_received_total", "Notifications received by the listener.", m.Notify.Received.Load),
 		counter("leash_notifications_malformed_total", "job_revoked payloads that did not parse.", m.Notify.Malformed.Load),
