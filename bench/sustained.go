@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -18,6 +19,8 @@ import (
 var (
 	flagSustainRate    = flag.Int("sustain-rate", 7000, "jobs/s offered in the sustained-load scenario (about 70% of the burn-down capacity)")
 	flagSustainMinutes = flag.Int("sustain-minutes", 3, "minutes of each sustained-load run")
+	flagSustainRuns    = flag.String("sustain-runs", "as-is,xmin-held", "which sustained-load runs: as-is, xmin-held")
+	flagSustainSystems = flag.String("sustain-systems", "River tuned,leash", "systems in the sustained-load runs")
 )
 
 // sustained: a steady offered rate from several producers for some minutes, once as is and once
@@ -26,13 +29,17 @@ var (
 // p50/p99; at the end: dead tuples and sizes.
 func (b *bench) sustained(ctx context.Context) {
 	rate, minutes := *flagSustainRate, *flagSustainMinutes
+	runs := strings.Split(*flagSustainRuns, ",")
 	for _, held := range []bool{false, true} {
+		if !slices.Contains(runs, map[bool]string{false: "as-is", true: "xmin-held"}[held]) {
+			continue
+		}
 		scenario := fmt.Sprintf("sustained %d jobs/s, %d min", rate, minutes)
 		if held {
 			scenario += ", xmin held"
 		}
 		logf("%s", scenario)
-		for _, system := range []string{"River tuned", "leash"} {
+		for _, system := range strings.Split(*flagSustainSystems, ",") {
 			b.sustainedRun(ctx, scenario, system, rate, minutes, held)
 		}
 	}

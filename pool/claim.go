@@ -163,10 +163,42 @@ func (p *Pool) claim(ctx context.Context, limit int) (int, error) {
 	return claimed, nil
 }
 
+// claimScan is where the claim loop's index scan of a single queue starts (see
+// store.ClaimCursor): past the last job it claimed, except for a claim from the front at least
+// every fullEvery, which finds jobs that became runnable before the cursor (a higher priority, a
+// run_at in the past, a claim rolled back). It is used by the claim loop's goroutine only.
+type claimScan struct {
+	queue    string
+	after    *store.ClaimCursor
+	lastFull time.Time
+	fullCost time.Duration // how long the last claim from the front took
+}
+
+// fullEvery is how often a claim starts from the front: twenty times what such a claim costs,
+// so that it takes at most about 5% of the claim loop's time, however many dead index entries an
+// old snapshot keeps at the front; at least every 10ms and at most every 10 poll intervals.
+func (sc *claimScan) fullEvery(poll time.Duration) time.Duration {
+	return min(max(20*sc.fullCost, 10*time.Millisecond), 10*poll)
+}
+
 // claimUncapped claims from queues in one statement, with waiting outcomes when
 // OutcomesWithClaims is on.
 func (p *Pool) claimUncapped(sctx context.Context, queues []string, limit int) (int, error) {
 	params := store.ClaimParams{Queues: queues, Limit: limit, WorkerID: p.cfg.ID, Lease: p.cfg.LeaseDuration}
+	sc := &p.scan
+	single := len(queues) == 1 && !p.cfg.ClaimFromFront
+	if single && sc.queue == queues[0] && sc.after != nil && time.Since(sc.lastFull) < sc.fullEvery(p.cfg.PollInterval) {
+		params.After = sc.after
+	}
+	if single && sc.queue != queues[0] {
+		sc.queue, sc.after = queues[0], nil
+	}
+	began := time.Now()
+	defer func() {
+		if single && params.After == nil {
+			sc.lastFull, sc.fullCost = began, time.Since(began)
+		}
+	}()
 	var items []finishItem
 	if p.cfg.OutcomesWithClaims {
 		items = p.takeOutcomes()
@@ -197,6 +229,14 @@ func (p *Pool) claimUncapped(sctx context.Context, queues []string, limit int) (
 	}
 	if err != nil {
 		return 0, err
+	}
+	if last := store.LastClaimed(jobs); single && last != nil {
+		// From the front, the cursor goes to what was found (perhaps back, to a job that became
+		// runnable ahead of it); past the cursor, it only moves on. A claim that finds nothing
+		// keeps it: nothing runnable is left behind it.
+		if params.After == nil || sc.after.Less(*last) {
+			sc.after = last
+		}
 	}
 	p.startAll(jobs, sentAt)
 	return len(jobs), nil

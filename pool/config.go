@@ -112,6 +112,15 @@ type Config struct {
 	RetainFailed time.Duration
 	// RetentionInterval between deletion passes. Default 1m.
 	RetentionInterval time.Duration
+	// ClaimFromFront makes every claim scan its queue's index from the front. By default a
+	// worker serving one queue starts each claim past the last job it claimed and goes back to
+	// the front regularly (at least every 10ms, and more rarely only while a claim from the
+	// front is slow, at most every 10 poll intervals): an old snapshot held open elsewhere (a
+	// long report, a forgotten BEGIN) keeps the index entries of every claimed job from vacuum,
+	// and claims from the front would walk all of them. The cost: a job that becomes runnable
+	// ahead of the last claimed one (a higher priority, a run_at in the past) waits for the next
+	// claim from the front. Default false.
+	ClaimFromFront bool
 	// Schedules are stored in leash.schedules when Run starts (added, or updated by name; a
 	// schedule not listed here is left alone, so schedules can also be managed with
 	// UpsertSchedule or `worker schedule`). Run checks them first: a bad spec fails New.

@@ -85,6 +85,7 @@ type Pool struct {
 	revocations *recorder // writes notified revocations into their rows
 	waiterID    string    // this pool's name in leash.waiters
 	queues      queueView // leash.queues as last read, for routing claims
+	scan        claimScan // where the next claim of a single queue starts
 
 	finishCh    chan finishItem
 	outcomeWake chan struct{} // an outcome was queued: the finisher's flush interval starts

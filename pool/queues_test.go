@@ -319,3 +319,32 @@ func TestQueueNamesChecked(t *testing.T) {
 		t.Fatalf("ResumeQueue of an unknown queue = %v, %v; want false, nil", ok, err)
 	}
 }
+
+// A worker claims past the last job it claimed, but a job that becomes runnable ahead of that
+// (here a higher priority inserted into a backlog) is still found by a claim from the front,
+// long before the backlog is through.
+func TestHigherPriorityFoundAheadOfTheCursor(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	cfg := fastConfig()
+	cfg.Concurrency = 2
+	order := make(chan int64, 1000)
+	p, _ := setup(t, db, cfg, map[string]pool.Handler{"w": pool.HandlerFunc(func(ctx context.Context, j *pool.Job) error {
+		order <- j.ID
+		return pool.Sleep(ctx, 5*time.Millisecond)
+	})})
+	insertMany(t, db, "default", "w", 400)
+	start(t, p)
+	for range 20 {
+		<-order
+	}
+	urgent := insert(t, db, "w", nil, &pool.InsertOpts{Priority: -1})
+	for n := 0; ; n++ {
+		if id := <-order; id == urgent {
+			if n > 100 {
+				t.Fatalf("the urgent job started after %d others", n)
+			}
+			return
+		}
+	}
+}

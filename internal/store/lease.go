@@ -15,6 +15,45 @@ type ClaimParams struct {
 	Limit    int
 	WorkerID string
 	Lease    time.Duration
+	// After, for a single queue, starts the claim's index scan past this position instead of at
+	// the queue's first entry (see ClaimCursor).
+	After *ClaimCursor
+}
+
+// ClaimCursor is a position in a queue's claim order (priority, run_at, id). A claim that starts
+// past the last job it claimed skips the index entries of jobs already claimed, which vacuum
+// cannot remove while an old snapshot (a long report, a forgotten BEGIN) holds the xmin horizon
+// back: without it, each claim walks all of them, and claims slow down as they pile up. Jobs
+// that become runnable before the cursor (a higher priority, a run_at in the past, a claim
+// rolled back) are found by the next claim that starts at the front: the caller does that
+// regularly.
+type ClaimCursor struct {
+	Priority int16
+	RunAt    time.Time
+	ID       int64
+}
+
+// Less reports whether c comes before d in claim order.
+func (c ClaimCursor) Less(d ClaimCursor) bool {
+	if c.Priority != d.Priority {
+		return c.Priority < d.Priority
+	}
+	if !c.RunAt.Equal(d.RunAt) {
+		return c.RunAt.Before(d.RunAt)
+	}
+	return c.ID < d.ID
+}
+
+// LastClaimed returns the position of the last of jobs in claim order.
+func LastClaimed(jobs []ClaimedJob) *ClaimCursor {
+	var last *ClaimCursor
+	for i := range jobs {
+		c := ClaimCursor{Priority: jobs[i].Priority, RunAt: jobs[i].RunAt, ID: jobs[i].ID}
+		if last == nil || last.Less(c) {
+			last = &c
+		}
+	}
+	return last
 }
 
 // ClaimedJob is a row just leased to this worker.
@@ -57,6 +96,9 @@ const claimSQL = `
 // whatever the worker believed. A capped queue is claimed by ClaimCapped instead.
 var (
 	claimOneQueueSQL = fmt.Sprintf(claimSQL, `queue = $1 AND NOT EXISTS (
+		SELECT FROM leash.queues q WHERE q.name = $1 AND (q.paused_at IS NOT NULL OR q.max_running IS NOT NULL))`)
+	claimOneQueueAfterSQL = fmt.Sprintf(claimSQL, `queue = $1 AND (priority, run_at, id) > ($5::smallint, $6::timestamptz, $7::bigint)
+		AND NOT EXISTS (
 		SELECT FROM leash.queues q WHERE q.name = $1 AND (q.paused_at IS NOT NULL OR q.max_running IS NOT NULL))`)
 	claimManyQueuesSQL = fmt.Sprintf(claimSQL, `queue = ANY(ARRAY(
 		SELECT unnest($1::text[]) EXCEPT
@@ -131,6 +173,9 @@ func claimQuery(p ClaimParams) (string, []any) {
 	q := claimManyQueuesSQL
 	if len(p.Queues) == 1 {
 		q, queues = claimOneQueueSQL, p.Queues[0]
+		if a := p.After; a != nil {
+			return claimOneQueueAfterSQL, []any{queues, p.Limit, p.WorkerID, millis(p.Lease), a.Priority, a.RunAt, a.ID}
+		}
 	}
 	return q, []any{queues, p.Limit, p.WorkerID, millis(p.Lease)}
 }

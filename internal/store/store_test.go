@@ -332,3 +332,44 @@ func TestMultiRowWritesDoNotDeadlock(t *testing.T) {
 		}
 	}
 }
+
+// A claim that starts past a cursor skips the jobs before it; LastClaimed finds the cursor of a
+// claim's jobs whatever order they came back in.
+func TestClaimAfterCursor(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	ctx := context.Background()
+	var ids []int64
+	for _, prio := range []int16{0, 0, 0, 1} {
+		id, err := store.Insert(ctx, db, jp(store.InsertParams{Kind: "k", Queue: "c", Priority: prio}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	first, err := store.Claim(ctx, db, store.ClaimParams{Queues: []string{"c"}, Limit: 1, WorkerID: "w", Lease: time.Minute})
+	if err != nil || len(first) != 1 || first[0].ID != ids[0] {
+		t.Fatalf("first claim: %+v, %v", first, err)
+	}
+	// Put the first job back: a claim from the cursor must not see it, one from the front must.
+	if _, err := db.Exec(ctx, `UPDATE leash.jobs SET state = 'available', lease_token = NULL, lease_expires_at = NULL WHERE id = $1`, ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	got, err := store.Claim(ctx, db, store.ClaimParams{Queues: []string{"c"}, Limit: 10, WorkerID: "w", Lease: time.Minute,
+		After: store.LastClaimed(first)})
+	if err != nil || len(got) != 3 {
+		t.Fatalf("claim after the cursor: %d jobs, %v; want 3", len(got), err)
+	}
+	for _, j := range got {
+		if j.ID == ids[0] {
+			t.Fatal("claim after the cursor took the job before it")
+		}
+	}
+	if last := store.LastClaimed(got); last.ID != ids[3] || last.Priority != 1 {
+		t.Fatalf("LastClaimed = %+v; want job %d", last, ids[3])
+	}
+	again, err := store.Claim(ctx, db, store.ClaimParams{Queues: []string{"c"}, Limit: 10, WorkerID: "w", Lease: time.Minute})
+	if err != nil || len(again) != 1 || again[0].ID != ids[0] {
+		t.Fatalf("claim from the front: %+v, %v", again, err)
+	}
+}
