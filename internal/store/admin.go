@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Status is a snapshot of the queue for operators.
@@ -150,4 +153,86 @@ func NotificationQueueUsage(ctx context.Context, db DBTX) (float64, error) {
 		return 0, fmt.Errorf("read notification queue usage: %w", err)
 	}
 	return u, nil
+}
+
+// ListParams filter ListJobs. Empty fields match every job.
+type ListParams struct {
+	Queue, Kind, State string
+	// BeforeID lists jobs with a smaller id only (the next page); 0 starts from the newest.
+	BeforeID int64
+	// Limit is the most jobs returned. Default 50.
+	Limit int
+	// Timeout bounds the query (a filter that matches few of many rows may read the whole
+	// table); past it ListJobs returns ErrListTimeout. Default 2s.
+	Timeout time.Duration
+}
+
+// ErrListTimeout: ListJobs gave up, the filters matching too few of too many rows.
+var ErrListTimeout = errors.New("job list query took too long")
+
+// JobSummary is one line of the job list.
+type JobSummary struct {
+	ID          int64
+	Queue       string
+	Kind        string
+	State       string
+	Attempt     int32
+	MaxAttempts int32
+	CreatedAt   time.Time
+	RunAt       time.Time
+	FinishedAt  *time.Time
+	// LastError holds the first 200 characters of the last error.
+	LastError *string
+}
+
+// ListJobs lists the jobs matching p, newest (highest id) first. The values in p are sent as
+// parameters, never written into the SQL.
+func ListJobs(ctx context.Context, db Beginner, p ListParams) ([]JobSummary, error) {
+	if p.Limit <= 0 {
+		p.Limit = 50
+	}
+	if p.Timeout <= 0 {
+		p.Timeout = 2 * time.Second
+	}
+	where := []string{"true"}
+	args := []any{p.Limit}
+	add := func(cond string, v any) {
+		args = append(args, v)
+		where = append(where, fmt.Sprintf(cond, len(args)))
+	}
+	if p.Queue != "" {
+		add("queue = $%d", p.Queue)
+	}
+	if p.Kind != "" {
+		add("kind = $%d", p.Kind)
+	}
+	if p.State != "" {
+		add("state = $%d", p.State)
+	}
+	if p.BeforeID > 0 {
+		add("id < $%d", p.BeforeID)
+	}
+	var out []JobSummary
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SELECT set_config('statement_timeout', $1, true)", strconv.FormatInt(max(p.Timeout.Milliseconds(), 1), 10)+"ms"); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, `
+			SELECT id, queue, kind, state, attempt, max_attempts, created_at, run_at, finished_at, left(last_error, 200)
+			FROM leash.jobs WHERE `+strings.Join(where, " AND ")+`
+			ORDER BY id DESC LIMIT $1`, args...)
+		if err != nil {
+			return err
+		}
+		out, err = pgx.CollectRows(rows, pgx.RowToStructByPos[JobSummary])
+		return err
+	})
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code == "57014" && ctx.Err() == nil { // query_canceled by the statement_timeout
+		return nil, ErrListTimeout
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list jobs: %w", err)
+	}
+	return out, nil
 }
