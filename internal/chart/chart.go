@@ -46,17 +46,20 @@ type Chart struct {
 	Labels []string
 	Series []Series
 	Kind   Kind
-	// Format writes a value for axis labels and the table. Default: the number with up to one
-	// decimal.
+	// Format writes a value for axis labels and the table. Default: Number.
 	Format func(float64) string
-	// Width and Height of the drawing in SVG units. Defaults 600 and 150.
+	// Integer marks values that are counts: the y axis then ends at an even whole number, so
+	// that its middle line is whole too.
+	Integer bool
+	// Width and Height of the drawing in SVG units. Defaults 360 and 150 (about the size it is
+	// shown at, so that its text is the size of the page's).
 	Width, Height int
 }
 
 // Layout margins, in SVG units: room for the y-axis labels on the left and the x-axis labels
 // below.
 const (
-	marginLeft   = 56
+	marginLeft   = 52
 	marginRight  = 8
 	marginTop    = 8
 	marginBottom = 20
@@ -146,6 +149,21 @@ func niceCeil(v float64) float64 {
 	return v
 }
 
+// evenCeil rounds v up to 1, 2 or 4 times a power of ten, at least 2: the top of an axis of
+// counts whose middle is a whole number too.
+func evenCeil(v float64) float64 {
+	if !(v > 2) || math.IsInf(v, 0) {
+		return 2
+	}
+	p := math.Pow(10, math.Floor(math.Log10(v)))
+	for _, m := range []float64{1, 2, 4, 10} {
+		if v <= m*p*(1+1e-9) && !math.IsInf(m*p, 0) {
+			return m * p
+		}
+	}
+	return v
+}
+
 // Empty reports that the chart has no value to draw.
 func (c Chart) Empty() bool {
 	for i := range c.buckets() {
@@ -162,7 +180,7 @@ func (c Chart) Empty() bool {
 func (c Chart) SVG() template.HTML {
 	w, h := c.Width, c.Height
 	if w <= 0 {
-		w = 600
+		w = 360
 	}
 	if h <= 0 {
 		h = 150
@@ -172,6 +190,9 @@ func (c Chart) SVG() template.HTML {
 	plotW := float64(w - marginLeft - marginRight)
 	plotH := float64(h - marginTop - marginBottom)
 	ymax := niceCeil(c.top())
+	if c.Integer {
+		ymax = evenCeil(c.top())
+	}
 	y := func(v float64) float64 { return marginTop + plotH - v/ymax*plotH }
 	bw := plotW / float64(max(n, 1))
 	x := func(i int) float64 { return marginLeft + bw*float64(i) + bw/2 }

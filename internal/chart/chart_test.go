@@ -65,7 +65,7 @@ func TestSVGIsWellFormedWhateverTheValues(t *testing.T) {
 	}
 	for name, values := range cases {
 		for _, kind := range []Kind{Bars, Lines} {
-			c := Chart{ID: "c", Title: "t", Desc: "d", Labels: labels(len(values)), Kind: kind,
+			c := Chart{ID: "c", Title: "t", Desc: "d", Labels: labels(len(values)), Kind: kind, Integer: kind == Bars,
 				Series: []Series{{Name: "a", Class: "a", Values: values}, {Name: "b", Class: "b", Values: values}}}
 			svg := string(c.SVG())
 			elements, attrs := parse(t, svg)
@@ -137,6 +137,16 @@ func TestNiceCeil(t *testing.T) {
 	for in, want := range cases {
 		if got := niceCeil(in); math.Abs(got-want) > 1e-9*want {
 			t.Errorf("niceCeil(%v) = %v, want %v", in, got, want)
+		}
+	}
+}
+
+func TestEvenCeil(t *testing.T) {
+	cases := map[float64]float64{0: 2, 1: 2, 2: 2, 2.5: 4, 3: 4, 5: 10, 10: 10, 11: 20, 25: 40, 41: 100, 4500: 10000,
+		math.NaN(): 2, math.Inf(1): 2, math.MaxFloat64: math.MaxFloat64}
+	for in, want := range cases {
+		if got := evenCeil(in); math.Abs(got-want) > 1e-9*want {
+			t.Errorf("evenCeil(%v) = %v, want %v", in, got, want)
 		}
 	}
 }

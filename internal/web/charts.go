@@ -52,14 +52,14 @@ func charts(stats []store.MinuteStats) ([]chartView, bool) {
 	}
 	count := func(v float64) string { return strconv.FormatInt(int64(math.Round(v)), 10) }
 	out := []chartView{
-		{Chart: chart.Chart{ID: "chart-finished", Kind: chart.Bars, Labels: labels, Format: count,
+		{Chart: chart.Chart{ID: "chart-finished", Kind: chart.Bars, Labels: labels, Format: count, Integer: true,
 			Title: "Jobs finished per minute",
 			Desc: fmt.Sprintf("Jobs that reached a final state in each of %s, stacked by state: %d completed, %d failed, %d cancelled in all (%d of %d minutes sampled).",
 				span, sumCompleted, sumFailed, sumCancelled, sampled, n),
 			Series: []chart.Series{{Name: "completed", Class: "completed", Values: completed},
 				{Name: "failed", Class: "failed", Values: failed}, {Name: "cancelled", Class: "cancelled", Values: cancelled}}},
 			Note: "Jobs whose finished_at falls in the minute, by final state, counted shortly after the minute ends."},
-		{Chart: chart.Chart{ID: "chart-depth", Kind: chart.Lines, Labels: labels, Format: count,
+		{Chart: chart.Chart{ID: "chart-depth", Kind: chart.Lines, Labels: labels, Format: count, Integer: true,
 			Title: "Queue depth",
 			Desc:  fmt.Sprintf("Jobs waiting (available or retryable), and of those the ones already due, at the end of each of %s; latest: %s.", span, latest(queued, runnable, count)),
 			Series: []chart.Series{{Name: "queued", Class: "queued", Values: queued},
