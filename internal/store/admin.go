@@ -49,11 +49,54 @@ type RunningJob struct {
 	Progress     string
 }
 
+// The statements of ReadStatus and RecentFailures.
+const (
+	statusCountsSQL  = `SELECT queue, state, count(*) FROM leash.jobs GROUP BY 1, 2 ORDER BY 1, 2`
+	oldestWaitingSQL = `
+		SELECT id, kind, queue, now() - run_at FROM leash.jobs
+		WHERE state IN ('available', 'retryable') AND run_at <= now()
+		ORDER BY run_at, id LIMIT 1`
+	runningSQL = `
+		SELECT id, kind, queue, coalesce(leased_by, ''), attempt, max_attempts, lease_token,
+		       now() - heartbeat_at, lease_expires_at - now(), revoked_at IS NOT NULL, coalesce(progress::text, '')
+		FROM leash.jobs WHERE state = 'running'
+		ORDER BY heartbeat_at LIMIT $1`
+	// Queued and running jobs only: the partial indexes hold them, so the cost follows the
+	// backlog, not the finished jobs retention keeps.
+	liveCountsSQL = `
+		SELECT queue, state, count(*) FROM leash.jobs
+		WHERE state IN ('available', 'retryable', 'running') GROUP BY 1, 2 ORDER BY 1, 2`
+	// The newest failed jobs walk jobs_finished_idx backwards; retryable ones are among the
+	// queued rows (jobs_claimable_idx). A failed job always has finished_at (the outcome, the
+	// rescuer and revocation set it together with the state).
+	recentFailuresSQL = `
+		SELECT * FROM (
+			(SELECT ` + jobColumns + ` FROM leash.jobs
+			 WHERE state = 'failed' AND finished_at IS NOT NULL ORDER BY finished_at DESC LIMIT $1)
+			UNION ALL
+			(SELECT ` + jobColumns + ` FROM leash.jobs
+			 WHERE state = 'retryable' ORDER BY attempted_at DESC NULLS LAST LIMIT $1)
+		) f
+		ORDER BY coalesce(finished_at, attempted_at) DESC NULLS LAST LIMIT $1`
+)
+
 // ReadStatus reads counts per queue and state, the oldest runnable job, and up to limit running
-// jobs (oldest heartbeat first). Ages come from the database clock.
+// jobs (oldest heartbeat first). Ages come from the database clock. Counting every row, it reads
+// the whole table: see ReadLiveStatus.
 func ReadStatus(ctx context.Context, db DBTX, limit int) (Status, error) {
+	return readStatus(ctx, db, statusCountsSQL, limit)
+}
+
+// ReadLiveStatus is ReadStatus with counts of the queued and running jobs only, which it reads
+// through the partial indexes that hold them: its cost follows the backlog, however many finished
+// jobs the table keeps. For a page that refreshes itself.
+func ReadLiveStatus(ctx context.Context, db DBTX, limit int) (Status, error) {
+	return readStatus(ctx, db, liveCountsSQL, limit)
+}
+
+func readStatus(ctx context.Context, db DBTX, countsSQL string, limit int) (Status, error) {
 	var st Status
-	rows, err := db.Query(ctx, `SELECT queue, state, count(*) FROM leash.jobs GROUP BY 1, 2 ORDER BY 1, 2`)
+	rows, err := db.Query(ctx, countsSQL)
 	if err != nil {
 		return st, fmt.Errorf("read status: %w", err)
 	}
@@ -62,21 +105,14 @@ func ReadStatus(ctx context.Context, db DBTX, limit int) (Status, error) {
 		return st, fmt.Errorf("read status: %w", err)
 	}
 	var w Waiting
-	err = db.QueryRow(ctx, `
-		SELECT id, kind, queue, now() - run_at FROM leash.jobs
-		WHERE state IN ('available', 'retryable') AND run_at <= now()
-		ORDER BY run_at, id LIMIT 1`).Scan(&w.ID, &w.Kind, &w.Queue, &w.Age)
+	err = db.QueryRow(ctx, oldestWaitingSQL).Scan(&w.ID, &w.Kind, &w.Queue, &w.Age)
 	switch {
 	case err == nil:
 		st.OldestWaiting = &w
 	case !errors.Is(err, pgx.ErrNoRows):
 		return st, fmt.Errorf("read status: %w", err)
 	}
-	rows, err = db.Query(ctx, `
-		SELECT id, kind, queue, coalesce(leased_by, ''), attempt, max_attempts, lease_token,
-		       now() - heartbeat_at, lease_expires_at - now(), revoked_at IS NOT NULL, coalesce(progress::text, '')
-		FROM leash.jobs WHERE state = 'running'
-		ORDER BY heartbeat_at LIMIT $1`, limit)
+	rows, err = db.Query(ctx, runningSQL, limit)
 	if err != nil {
 		return st, fmt.Errorf("read status: %w", err)
 	}
@@ -131,10 +167,7 @@ func GetJob(ctx context.Context, db DBTX, id int64) (JobRow, error) {
 
 // RecentFailures reads the last limit jobs that failed or are waiting to retry, newest first.
 func RecentFailures(ctx context.Context, db DBTX, limit int) ([]JobRow, error) {
-	rows, err := db.Query(ctx, `
-		SELECT `+jobColumns+` FROM leash.jobs
-		WHERE state IN ('failed', 'retryable')
-		ORDER BY coalesce(finished_at, attempted_at) DESC NULLS LAST LIMIT $1`, limit)
+	rows, err := db.Query(ctx, recentFailuresSQL, limit)
 	if err != nil {
 		return nil, fmt.Errorf("read failures: %w", err)
 	}

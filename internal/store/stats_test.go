@@ -28,9 +28,10 @@ func insertStatsRows(t *testing.T, db store.DBTX, rows []statsRow) {
 		}
 		_, err := db.Exec(ctx, `
 			INSERT INTO leash.jobs (kind, state, created_at, run_at, attempted_at, finished_at, attempt,
-			                        lease_token, lease_expires_at)
+			                        lease_token, lease_expires_at, heartbeat_at)
 			VALUES ('k', $1, $2, $3, $4, $5, 1,
-			        CASE WHEN $1 = 'running' THEN 1 END, CASE WHEN $1 = 'running' THEN $4::timestamptz + interval '1 hour' END)`,
+			        CASE WHEN $1 = 'running' THEN 1 END, CASE WHEN $1 = 'running' THEN $4::timestamptz + interval '1 hour' END,
+			        CASE WHEN $1 = 'running' THEN $4::timestamptz END)`,
 			r.state, r.created, r.runAt, nullable(r.attempted), nullable(r.at))
 		if err != nil {
 			t.Fatalf("insert %+v: %v", r, err)
@@ -202,5 +203,48 @@ func TestSampleMinutesConcurrently(t *testing.T) {
 	}
 	if sum != 60 || rows != 60 {
 		t.Fatalf("written %v (sum %d), %d rows; want 60 once", counts, sum, rows)
+	}
+}
+
+// The page's status counts the queued and running jobs only; recent failures are the newest
+// failed and retryable jobs, newest first, whichever index each comes from.
+func TestLiveStatusAndRecentFailures(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	ctx := context.Background()
+	insertStatsRows(t, db, []statsRow{
+		{"completed", "2026-03-01T09:00:00Z", "2026-03-01T09:00:00Z", "2026-03-01T09:00:01Z", "2026-03-01T09:00:09Z"},
+		{"failed", "2026-03-01T09:00:00Z", "2026-03-01T09:00:00Z", "2026-03-01T09:00:01Z", "2026-03-01T09:00:05Z"}, // 2
+		{"retryable", "2026-03-01T09:00:00Z", "2026-03-01T09:10:00Z", "2026-03-01T09:00:07Z", ""},                  // 3
+		{"failed", "2026-03-01T09:00:00Z", "2026-03-01T09:00:00Z", "2026-03-01T09:00:01Z", "2026-03-01T09:00:08Z"}, // 4
+		{"retryable", "2026-03-01T09:00:00Z", "2026-03-01T09:10:00Z", "2026-03-01T09:00:02Z", ""},                  // 5
+		{"cancelled", "2026-03-01T09:00:00Z", "2026-03-01T09:00:00Z", "2026-03-01T09:00:01Z", "2026-03-01T09:00:10Z"},
+		{"running", "2026-03-01T09:00:00Z", "2026-03-01T09:00:00Z", "2026-03-01T09:00:01Z", ""},
+	})
+	got, err := store.RecentFailures(ctx, db, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []int64
+	for _, j := range got {
+		ids = append(ids, j.ID)
+	}
+	if len(ids) != 3 || ids[0] != 4 || ids[1] != 3 || ids[2] != 2 {
+		t.Fatalf("recent failures %v, want [4 3 2]", ids)
+	}
+	st, err := store.ReadLiveStatus(ctx, db, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	counts := map[string]int64{}
+	for _, c := range st.Counts {
+		counts[c.State] += c.Count
+	}
+	if len(counts) != 2 || counts["retryable"] != 2 || counts["running"] != 1 || len(st.Running) != 1 {
+		t.Fatalf("live counts %v, %d running", counts, len(st.Running))
+	}
+	st, err = store.ReadStatus(ctx, db, 10)
+	if err != nil || len(st.Counts) != 5 {
+		t.Fatalf("all counts %v, %v", st.Counts, err)
 	}
 }

@@ -20,9 +20,12 @@ type chartView struct {
 	Note string
 }
 
-// charts builds the admin page's charts from the last hour of sampled minutes. It reports
-// false when no minute of the hour was sampled.
-func charts(stats []store.MinuteStats) ([]chartView, bool) {
+// finishedCounts are the jobs finished in a span, by final state.
+type finishedCounts struct{ Completed, Failed, Cancelled int64 }
+
+// charts builds the admin page's charts from the last hour of sampled minutes, and totals the
+// jobs finished in it. It reports false when no minute of the hour was sampled.
+func charts(stats []store.MinuteStats) ([]chartView, finishedCounts, bool) {
 	n := len(stats)
 	labels := make([]string, n)
 	completed, failed, cancelled := series(n), series(n), series(n)
@@ -74,7 +77,7 @@ func charts(stats []store.MinuteStats) ([]chartView, bool) {
 			Note: "attempted_at − greatest(run_at, created_at) of the attempts started in the minute, as the database clock stamped them. " +
 				"It counts the latest attempt of jobs running or finished when the minute is sampled; attempts that ended in a retry or a hand-back are left out (their row's run_at has moved on)."},
 	}
-	return out, sampled > 0
+	return out, finishedCounts{sumCompleted, sumFailed, sumCancelled}, sampled > 0
 }
 
 func series(n int) []float64 {

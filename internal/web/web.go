@@ -231,6 +231,8 @@ type indexData struct {
 	// of it was sampled.
 	Charts  []chartView
 	Sampled bool
+	// Finished counts the jobs finished in the sampled minutes of the hour, by final state.
+	Finished finishedCounts
 	// Filters (none here), Queues and States feed the job list's filter form.
 	Filters Filters
 	Queues  []string
@@ -259,7 +261,9 @@ func flashText(code string, id int64) string {
 
 func (s *server) index(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
-	st, err := store.ReadStatus(ctx, s.DB, 200)
+	// Queued and running jobs only: counting the finished ones would read the whole table at
+	// every refresh. The throughput chart counts them per minute.
+	st, err := store.ReadLiveStatus(ctx, s.DB, 200)
 	if err != nil {
 		s.fail(w, err)
 		return
@@ -278,7 +282,7 @@ func (s *server) index(w http.ResponseWriter, r *http.Request) {
 	id, _ := strconv.ParseInt(q.Get("job"), 10, 64)
 	data := indexData{Status: st, Failures: failures, Refresh: int(s.Refresh.Seconds()), Now: time.Now(),
 		Flash: flashText(q.Get("flash"), id), States: states}
-	data.Charts, data.Sampled = charts(stats)
+	data.Charts, data.Finished, data.Sampled = charts(stats)
 	for _, c := range st.Counts {
 		if !slices.Contains(data.Queues, c.Queue) {
 			data.Queues = append(data.Queues, c.Queue)
