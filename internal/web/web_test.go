@@ -122,6 +122,11 @@ func TestEndpoints(t *testing.T) {
 	if resp.StatusCode != http.StatusForbidden {
 		t.Fatalf("cross-site revoke: %d", resp.StatusCode)
 	}
+	for _, p := range []string{"/jobs", "/search?id=1"} {
+		if code, _ := get(t, e.srv.URL+p); code != http.StatusUnauthorized {
+			t.Fatalf("%s without the token: %d", p, code)
+		}
+	}
 	if code, _ := get(t, e.srv.URL+"/jobs/999", "Authorization", "Bearer s3cret"); code != 404 {
 		t.Fatalf("unknown job: %d", code)
 	}
@@ -269,8 +274,10 @@ func TestAdminPageClosedWithoutToken(t *testing.T) {
 	if code, body := get(t, closed.URL+"/"); code != http.StatusForbidden || !strings.Contains(body, "WORKER_ADMIN_TOKEN") {
 		t.Fatalf("admin page without a token: %d %q", code, body)
 	}
-	if code, _ := get(t, closed.URL+"/jobs/1"); code != http.StatusForbidden {
-		t.Fatalf("job page without a token: %d", code)
+	for _, p := range []string{"/jobs/1", "/jobs?state=failed", "/search?id=1"} {
+		if code, _ := get(t, closed.URL+p); code != http.StatusForbidden {
+			t.Fatalf("%s without a token: %d", p, code)
+		}
 	}
 	for _, p := range []string{"/healthz", "/readyz", "/metrics"} {
 		if code, body := get(t, closed.URL+p); code != 200 {
