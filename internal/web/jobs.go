@@ -15,7 +15,7 @@ import (
 	"github.com/leashq/leash/internal/store"
 )
 
-// States lists the job states in the order the state filter offers them.
+// states lists the job states in the order the state filter offers them.
 var states = []string{store.StateAvailable, store.StateRunning, store.StateRetryable, store.StateCompleted,
 	store.StateFailed, store.StateCancelled}
 
