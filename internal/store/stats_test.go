@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -246,5 +247,24 @@ func TestLiveStatusAndRecentFailures(t *testing.T) {
 	st, err = store.ReadStatus(ctx, db, 10)
 	if err != nil || len(st.Counts) != 5 {
 		t.Fatalf("all counts %v, %v", st.Counts, err)
+	}
+}
+
+// A job list whose filter makes it read too much gives up with ErrListTimeout, not a database
+// error; within its time it lists the newest matches first.
+func TestListJobsTimeout(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	ctx := context.Background()
+	if _, err := db.Exec(ctx, `INSERT INTO leash.jobs (kind, state, finished_at) SELECT 'noop', 'completed', now() FROM generate_series(1, 200000)`); err != nil {
+		t.Fatal(err)
+	}
+	_, err := store.ListJobs(ctx, db, store.ListParams{Kind: "no-such-kind", Timeout: time.Millisecond})
+	if !errors.Is(err, store.ErrListTimeout) {
+		t.Fatalf("a kind no job has, 1 ms: %v", err)
+	}
+	got, err := store.ListJobs(ctx, db, store.ListParams{Kind: "noop", State: "completed", BeforeID: 100, Limit: 3})
+	if err != nil || len(got) != 3 || got[0].ID != 99 || got[2].ID != 97 {
+		t.Fatalf("list: %v, %v", got, err)
 	}
 }
