@@ -206,6 +206,13 @@ func cmdRun(ctx context.Context, e env, log *slog.Logger) error {
 		defer stop()
 	}
 
+	// Every worker offers to sample the minute statistics of the admin page's charts, so that the
+	// page has them whichever worker serves it.
+	sampleCtx, stopSampling := context.WithCancel(ctx)
+	sampled := make(chan struct{})
+	go sampleStats(sampleCtx, db, log, statsSampleInterval, sampled)
+	defer func() { stopSampling(); <-sampled }()
+
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 	defer signal.Stop(sigs)

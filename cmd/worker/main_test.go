@@ -167,6 +167,12 @@ func TestSIGTERMHandsBackAndExitsZero(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	// The worker has sampled the admin charts' last hour (filled in at its start).
+	poll(t, 20*time.Second, "the last hour's minutes sampled", func() bool {
+		var n int
+		db.QueryRow(ctx, `SELECT count(*) FROM leash.minute_stats`).Scan(&n)
+		return n >= 60
+	})
 	sent := time.Now()
 	cmd.Process.Signal(syscall.SIGTERM)
 	err := cmd.Wait()

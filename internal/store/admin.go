@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Status is a snapshot of the queue for operators.
@@ -46,11 +49,58 @@ type RunningJob struct {
 	Progress     string
 }
 
+// The statements of ReadStatus and RecentFailures.
+const (
+	statusCountsSQL  = `SELECT queue, state, count(*) FROM leash.jobs GROUP BY 1, 2 ORDER BY 1, 2`
+	oldestWaitingSQL = `
+		SELECT id, kind, queue, now() - run_at FROM leash.jobs
+		WHERE state IN ('available', 'retryable') AND run_at <= now()
+		ORDER BY run_at, id LIMIT 1`
+	runningSQL = `
+		SELECT id, kind, queue, coalesce(leased_by, ''), attempt, max_attempts, lease_token,
+		       now() - heartbeat_at, lease_expires_at - now(), revoked_at IS NOT NULL, coalesce(progress::text, '')
+		FROM leash.jobs WHERE state = 'running'
+		ORDER BY heartbeat_at LIMIT $1`
+	// Queued and running jobs only: the partial indexes hold them, so the cost follows the
+	// backlog, not the finished jobs retention keeps.
+	// One branch per index: with the three states in one condition the planner reads the table.
+	liveCountsSQL = `
+		SELECT * FROM (
+			SELECT queue, state, count(*) FROM leash.jobs WHERE state IN ('available', 'retryable') GROUP BY 1, 2
+			UNION ALL
+			SELECT queue, state, count(*) FROM leash.jobs WHERE state = 'running' GROUP BY 1, 2
+		) c ORDER BY 1, 2`
+	// The newest failed jobs walk jobs_finished_idx backwards; retryable ones are among the
+	// queued rows (jobs_claimable_idx). A failed job always has finished_at (the outcome, the
+	// rescuer and revocation set it together with the state).
+	recentFailuresSQL = `
+		SELECT * FROM (
+			(SELECT ` + jobColumns + ` FROM leash.jobs
+			 WHERE state = 'failed' AND finished_at IS NOT NULL ORDER BY finished_at DESC LIMIT $1)
+			UNION ALL
+			(SELECT ` + jobColumns + ` FROM leash.jobs
+			 WHERE state = 'retryable' ORDER BY attempted_at DESC NULLS LAST LIMIT $1)
+		) f
+		ORDER BY coalesce(finished_at, attempted_at) DESC NULLS LAST LIMIT $1`
+)
+
 // ReadStatus reads counts per queue and state, the oldest runnable job, and up to limit running
-// jobs (oldest heartbeat first). Ages come from the database clock.
+// jobs (oldest heartbeat first). Ages come from the database clock. Counting every row, it reads
+// the whole table: see ReadLiveStatus.
 func ReadStatus(ctx context.Context, db DBTX, limit int) (Status, error) {
+	return readStatus(ctx, db, statusCountsSQL, limit)
+}
+
+// ReadLiveStatus is ReadStatus with counts of the queued and running jobs only, which it reads
+// through the partial indexes that hold them: its cost follows the backlog, however many finished
+// jobs the table keeps. For a page that refreshes itself.
+func ReadLiveStatus(ctx context.Context, db DBTX, limit int) (Status, error) {
+	return readStatus(ctx, db, liveCountsSQL, limit)
+}
+
+func readStatus(ctx context.Context, db DBTX, countsSQL string, limit int) (Status, error) {
 	var st Status
-	rows, err := db.Query(ctx, `SELECT queue, state, count(*) FROM leash.jobs GROUP BY 1, 2 ORDER BY 1, 2`)
+	rows, err := db.Query(ctx, countsSQL)
 	if err != nil {
 		return st, fmt.Errorf("read status: %w", err)
 	}
@@ -59,21 +109,14 @@ func ReadStatus(ctx context.Context, db DBTX, limit int) (Status, error) {
 		return st, fmt.Errorf("read status: %w", err)
 	}
 	var w Waiting
-	err = db.QueryRow(ctx, `
-		SELECT id, kind, queue, now() - run_at FROM leash.jobs
-		WHERE state IN ('available', 'retryable') AND run_at <= now()
-		ORDER BY run_at, id LIMIT 1`).Scan(&w.ID, &w.Kind, &w.Queue, &w.Age)
+	err = db.QueryRow(ctx, oldestWaitingSQL).Scan(&w.ID, &w.Kind, &w.Queue, &w.Age)
 	switch {
 	case err == nil:
 		st.OldestWaiting = &w
 	case !errors.Is(err, pgx.ErrNoRows):
 		return st, fmt.Errorf("read status: %w", err)
 	}
-	rows, err = db.Query(ctx, `
-		SELECT id, kind, queue, coalesce(leased_by, ''), attempt, max_attempts, lease_token,
-		       now() - heartbeat_at, lease_expires_at - now(), revoked_at IS NOT NULL, coalesce(progress::text, '')
-		FROM leash.jobs WHERE state = 'running'
-		ORDER BY heartbeat_at LIMIT $1`, limit)
+	rows, err = db.Query(ctx, runningSQL, limit)
 	if err != nil {
 		return st, fmt.Errorf("read status: %w", err)
 	}
@@ -131,10 +174,7 @@ func GetJob(ctx context.Context, db DBTX, id int64) (JobRow, error) {
 
 // RecentFailures reads the last limit jobs that failed or are waiting to retry, newest first.
 func RecentFailures(ctx context.Context, db DBTX, limit int) ([]JobRow, error) {
-	rows, err := db.Query(ctx, `
-		SELECT `+jobColumns+` FROM leash.jobs
-		WHERE state IN ('failed', 'retryable')
-		ORDER BY coalesce(finished_at, attempted_at) DESC NULLS LAST LIMIT $1`, limit)
+	rows, err := db.Query(ctx, recentFailuresSQL, limit)
 	if err != nil {
 		return nil, fmt.Errorf("read failures: %w", err)
 	}
@@ -153,4 +193,86 @@ func NotificationQueueUsage(ctx context.Context, db DBTX) (float64, error) {
 		return 0, fmt.Errorf("read notification queue usage: %w", err)
 	}
 	return u, nil
+}
+
+// ListParams filter ListJobs. Empty fields match every job.
+type ListParams struct {
+	Queue, Kind, State string
+	// BeforeID lists jobs with a smaller id only (the next page); 0 starts from the newest.
+	BeforeID int64
+	// Limit is the most jobs returned. Default 50.
+	Limit int
+	// Timeout bounds the query (a filter that matches few of many rows may read the whole
+	// table); past it ListJobs returns ErrListTimeout. Default 2s.
+	Timeout time.Duration
+}
+
+// ErrListTimeout: ListJobs gave up, the filters matching too few of too many rows.
+var ErrListTimeout = errors.New("job list query took too long")
+
+// JobSummary is one line of the job list.
+type JobSummary struct {
+	ID          int64
+	Queue       string
+	Kind        string
+	State       string
+	Attempt     int32
+	MaxAttempts int32
+	CreatedAt   time.Time
+	RunAt       time.Time
+	FinishedAt  *time.Time
+	// LastError holds the first 200 characters of the last error.
+	LastError *string
+}
+
+// ListJobs lists the jobs matching p, newest (highest id) first. The values in p are sent as
+// parameters, never written into the SQL.
+func ListJobs(ctx context.Context, db Beginner, p ListParams) ([]JobSummary, error) {
+	if p.Limit <= 0 {
+		p.Limit = 50
+	}
+	if p.Timeout <= 0 {
+		p.Timeout = 2 * time.Second
+	}
+	where := []string{"true"}
+	args := []any{p.Limit}
+	add := func(cond string, v any) {
+		args = append(args, v)
+		where = append(where, fmt.Sprintf(cond, len(args)))
+	}
+	if p.Queue != "" {
+		add("queue = $%d", p.Queue)
+	}
+	if p.Kind != "" {
+		add("kind = $%d", p.Kind)
+	}
+	if p.State != "" {
+		add("state = $%d", p.State)
+	}
+	if p.BeforeID > 0 {
+		add("id < $%d", p.BeforeID)
+	}
+	var out []JobSummary
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SELECT set_config('statement_timeout', $1, true)", strconv.FormatInt(max(p.Timeout.Milliseconds(), 1), 10)+"ms"); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, `
+			SELECT id, queue, kind, state, attempt, max_attempts, created_at, run_at, finished_at, left(last_error, 200)
+			FROM leash.jobs WHERE `+strings.Join(where, " AND ")+`
+			ORDER BY id DESC LIMIT $1`, args...)
+		if err != nil {
+			return err
+		}
+		out, err = pgx.CollectRows(rows, pgx.RowToStructByPos[JobSummary])
+		return err
+	})
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code == "57014" && ctx.Err() == nil { // query_canceled by the statement_timeout
+		return nil, ErrListTimeout
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list jobs: %w", err)
+	}
+	return out, nil
 }

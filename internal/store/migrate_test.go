@@ -340,3 +340,33 @@ func TestMigrationLockTimeout(t *testing.T) {
 		t.Fatalf("recorded after giving up: %+v", c.Applied)
 	}
 }
+
+// Versions need not be consecutive: a release may ship 7 before 4 to 6 exist (they are written
+// on other branches). The gap applies as is, the versions filled in later apply after it, and
+// the schema is reported by what is applied, never by counting.
+func TestMigrationVersionGap(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.PoolFor(t, pgtest.EmptyURL(t))
+	withGap := fstest.MapFS{
+		"001_a.sql": {Data: []byte("CREATE TABLE leash.a (x int);")},
+		"007_g.sql": {Data: []byte("CREATE TABLE leash.g (x int);")},
+	}
+	ms, err := store.MigrationsFrom(withGap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := store.ApplyMigrations(ctx, db, ms); err != nil || !slices.Equal(versions(got, migVersion), []int{1, 7}) {
+		t.Fatalf("with a gap: %v, %v", versions(got, migVersion), err)
+	}
+	withGap["004_d.sql"] = &fstest.MapFile{Data: []byte("CREATE TABLE leash.d (x int);")}
+	if ms, err = store.MigrationsFrom(withGap); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := store.ApplyMigrations(ctx, db, ms); err != nil || !slices.Equal(versions(got, migVersion), []int{4}) {
+		t.Fatalf("the gap filled in: %v, %v", versions(got, migVersion), err)
+	}
+	if got, err := store.ApplyMigrations(ctx, db, ms); err != nil || len(got) != 0 {
+		t.Fatalf("again: %v, %v", versions(got, migVersion), err)
+	}
+}

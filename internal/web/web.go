@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -33,6 +34,7 @@ type Options struct {
 	// DB is read for the admin page and readiness. Required.
 	DB interface {
 		store.DBTX
+		store.Beginner
 		Ping(ctx context.Context) error
 	}
 	// ListenerConnected reports the worker's LISTEN connection; nil means not applicable.
@@ -111,6 +113,8 @@ func New(o Options) (http.Handler, error) {
 	}
 	admin := http.NewServeMux()
 	admin.HandleFunc("GET /{$}", s.index)
+	admin.HandleFunc("GET /jobs", s.jobs)
+	admin.HandleFunc("GET /search", s.search)
 	admin.HandleFunc("GET /jobs/{id}", s.job)
 	admin.HandleFunc("POST /jobs/{id}/revoke", s.revoke)
 	// The Host check comes first: a DNS-rebinding page (its own name resolving to this address)
@@ -223,6 +227,16 @@ type indexData struct {
 	Refresh  int
 	Now      time.Time
 	Flash    string
+	// Charts are drawn from the last hour of sampled minutes; Sampled is false when no minute
+	// of it was sampled.
+	Charts  []chartView
+	Sampled bool
+	// Finished counts the jobs finished in the sampled minutes of the hour, by final state.
+	Finished finishedCounts
+	// Filters (none here), Queues and States feed the job list's filter form.
+	Filters Filters
+	Queues  []string
+	States  []string
 }
 
 // Flash messages are chosen by a fixed code in the URL, never taken from it, so a crafted link
@@ -247,7 +261,9 @@ func flashText(code string, id int64) string {
 
 func (s *server) index(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
-	st, err := store.ReadStatus(ctx, s.DB, 200)
+	// Queued and running jobs only: counting the finished ones would read the whole table at
+	// every refresh. The throughput chart counts them per minute.
+	st, err := store.ReadLiveStatus(ctx, s.DB, 200)
 	if err != nil {
 		s.fail(w, err)
 		return
@@ -257,10 +273,22 @@ func (s *server) index(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, err)
 		return
 	}
+	stats, err := store.ReadMinuteStats(ctx, s.DB, store.ReadStatsParams{Minutes: chartMinutes})
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
 	q := r.URL.Query()
 	id, _ := strconv.ParseInt(q.Get("job"), 10, 64)
-	s.render(w, "index.html", indexData{Status: st, Failures: failures, Refresh: int(s.Refresh.Seconds()), Now: time.Now(),
-		Flash: flashText(q.Get("flash"), id)})
+	data := indexData{Status: st, Failures: failures, Refresh: int(s.Refresh.Seconds()), Now: time.Now(),
+		Flash: flashText(q.Get("flash"), id), States: states}
+	data.Charts, data.Finished, data.Sampled = charts(stats)
+	for _, c := range st.Counts {
+		if !slices.Contains(data.Queues, c.Queue) {
+			data.Queues = append(data.Queues, c.Queue)
+		}
+	}
+	s.render(w, "index.html", data)
 }
 
 func (s *server) job(w http.ResponseWriter, r *http.Request) {

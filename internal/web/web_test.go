@@ -22,6 +22,7 @@ import (
 	"github.com/leashq/leash/handlers"
 	"github.com/leashq/leash/internal/metrics"
 	"github.com/leashq/leash/internal/pgtest"
+	"github.com/leashq/leash/internal/store"
 	"github.com/leashq/leash/internal/syncbuf"
 	"github.com/leashq/leash/internal/web"
 	"github.com/leashq/leash/pool"
@@ -121,6 +122,11 @@ func TestEndpoints(t *testing.T) {
 	if resp.StatusCode != http.StatusForbidden {
 		t.Fatalf("cross-site revoke: %d", resp.StatusCode)
 	}
+	for _, p := range []string{"/jobs", "/search?id=1"} {
+		if code, _ := get(t, e.srv.URL+p); code != http.StatusUnauthorized {
+			t.Fatalf("%s without the token: %d", p, code)
+		}
+	}
 	if code, _ := get(t, e.srv.URL+"/jobs/999", "Authorization", "Bearer s3cret"); code != 404 {
 		t.Fatalf("unknown job: %d", code)
 	}
@@ -144,6 +150,17 @@ func TestAdminPageInBrowser(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "the job to run", func() bool { return e.p.Busy() == 1 })
+	// Jobs finished two minutes ago, and that minute sampled, as a worker would do it.
+	if _, err := e.db.Exec(context.Background(), `
+		INSERT INTO leash.jobs (kind, state, attempt, created_at, run_at, attempted_at, finished_at)
+		SELECT 'noop', s, 1, now() - interval '2 minutes', now() - interval '2 minutes', now() - interval '2 minutes',
+		       now() - interval '2 minutes'
+		FROM unnest(ARRAY['completed', 'completed', 'completed', 'failed']) s`); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := store.SampleMinutes(context.Background(), e.db.(*pgxpool.Pool), store.SampleParams{}); err != nil || n == 0 {
+		t.Fatalf("sample minutes: %d, %v", n, err)
+	}
 
 	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(browser), chromedp.NoSandbox,
 		chromedp.Flag("disable-quic", true), chromedp.Flag("disable-background-networking", true))
@@ -168,6 +185,36 @@ func TestAdminPageInBrowser(t *testing.T) {
 	if err != nil {
 		t.Fatalf("browser: %v", err)
 	}
+	// The throughput chart draws the finished jobs as bars (inserted and sampled above).
+	bars, err := chromedp.Run(ctx, chromedp.Evaluate[int](`document.querySelectorAll('#chart-finished-svg rect.bar').length`))
+	if err != nil || bars < 2 {
+		t.Fatalf("throughput chart: %d bars, %v", bars, err)
+	}
+	desc, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.querySelector('#chart-finished-svg desc').textContent`))
+	if err != nil || !strings.Contains(desc, "3 completed, 1 failed") {
+		t.Fatalf("throughput chart's description %q, %v", desc, err)
+	}
+	// Filter the job list as a person would: the running sleep job is listed, a kind that does
+	// not exist lists nothing.
+	step(chromedp.SetValue(`#filters input[name="kind"]`, "sleep"))
+	step(chromedp.SetValue(`#filters select[name="state"]`, "running"))
+	step(chromedp.Click("#filter"))
+	step(chromedp.WaitVisible(fmt.Sprintf(`#jobs tr[data-job="%d"]`, id)))
+	if loc, err := chromedp.Run(ctx, chromedp.Location()); err != nil || !strings.Contains(loc, "kind=sleep") || !strings.Contains(loc, "state=running") {
+		t.Fatalf("filtered list at %q, %v", loc, err)
+	}
+	step(chromedp.SetValue(`#filters input[name="kind"]`, "no such kind"))
+	step(chromedp.Click("#filter"))
+	step(chromedp.WaitVisible("#no-jobs"))
+	// The search goes to the job's page.
+	step(chromedp.SetValue(`#search input[name="id"]`, fmt.Sprintf("#%d", id)))
+	step(chromedp.Click(`#search button`))
+	step(chromedp.WaitVisible("#state"))
+	if loc, err := chromedp.Run(ctx, chromedp.Location()); err != nil || !strings.HasSuffix(loc, fmt.Sprintf("/jobs/%d", id)) {
+		t.Fatalf("search landed at %q, %v", loc, err)
+	}
+	step(chromedp.Navigate(u.String() + "/"))
+	step(chromedp.WaitVisible(row))
 	step(chromedp.Click(fmt.Sprintf("#revoke-%d", id)))
 	step(chromedp.WaitVisible("#flash"))
 	// The worker cancels the job within milliseconds; look at its page as a person would.
@@ -227,8 +274,10 @@ func TestAdminPageClosedWithoutToken(t *testing.T) {
 	if code, body := get(t, closed.URL+"/"); code != http.StatusForbidden || !strings.Contains(body, "WORKER_ADMIN_TOKEN") {
 		t.Fatalf("admin page without a token: %d %q", code, body)
 	}
-	if code, _ := get(t, closed.URL+"/jobs/1"); code != http.StatusForbidden {
-		t.Fatalf("job page without a token: %d", code)
+	for _, p := range []string{"/jobs/1", "/jobs?state=failed", "/search?id=1"} {
+		if code, _ := get(t, closed.URL+p); code != http.StatusForbidden {
+			t.Fatalf("%s without a token: %d", p, code)
+		}
 	}
 	for _, p := range []string{"/healthz", "/readyz", "/metrics"} {
 		if code, body := get(t, closed.URL+p); code != 200 {
