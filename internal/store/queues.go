@@ -3,7 +3,10 @@ package store
 import (
 	"context"
 	"fmt"
+	"sort"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // QueueControl is one row of leash.queues: whether the queue is paused and how many of its jobs
@@ -79,34 +82,74 @@ type QueueInfo struct {
 	Running   int64
 }
 
-// ListQueues returns every queue that has a control row or unfinished jobs, by name.
-func ListQueues(ctx context.Context, db DBTX) ([]QueueInfo, error) {
-	rows, err := db.Query(ctx, `
-		WITH counts AS (
-			SELECT queue,
-			       count(*) FILTER (WHERE state IN ('available', 'retryable')) AS available,
-			       count(*) FILTER (WHERE state = 'running') AS running
-			FROM leash.jobs WHERE state IN ('available', 'retryable', 'running')
-			GROUP BY queue
-		)
-		SELECT coalesce(q.name, c.queue), q.paused_at, q.max_running,
-		       coalesce(c.available, 0), coalesce(c.running, 0)
-		FROM leash.queues q FULL JOIN counts c ON c.queue = q.name
-		ORDER BY 1`)
+// AllQueueControls reads every row of leash.queues, by name.
+func AllQueueControls(ctx context.Context, db DBTX) ([]QueueControl, error) {
+	rows, err := db.Query(ctx, `SELECT name, paused_at, max_running FROM leash.queues ORDER BY name`)
 	if err != nil {
-		return nil, fmt.Errorf("list queues: %w", err)
+		return nil, fmt.Errorf("read queue controls: %w", err)
 	}
 	defer rows.Close()
-	var out []QueueInfo
+	var out []QueueControl
 	for rows.Next() {
-		var q QueueInfo
-		if err := rows.Scan(&q.Name, &q.PausedAt, &q.MaxRunning, &q.Available, &q.Running); err != nil {
-			return nil, fmt.Errorf("list queues: %w", err)
+		var q QueueControl
+		if err := rows.Scan(&q.Name, &q.PausedAt, &q.MaxRunning); err != nil {
+			return nil, fmt.Errorf("read queue controls: %w", err)
 		}
 		out = append(out, q)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("list queues: %w", err)
+		return nil, fmt.Errorf("read queue controls: %w", err)
 	}
 	return out, nil
+}
+
+// ListQueues returns every queue that has a control row or unfinished jobs, by name. The counts
+// are read through the partial indexes of queued and running jobs.
+func ListQueues(ctx context.Context, db DBTX) ([]QueueInfo, error) {
+	controls, err := AllQueueControls(ctx, db)
+	if err != nil {
+		return nil, fmt.Errorf("list queues: %w", err)
+	}
+	rows, err := db.Query(ctx, liveCountsSQL)
+	if err != nil {
+		return nil, fmt.Errorf("list queues: %w", err)
+	}
+	counts, err := pgx.CollectRows(rows, pgx.RowToStructByPos[StateCount])
+	if err != nil {
+		return nil, fmt.Errorf("list queues: %w", err)
+	}
+	return MergeQueues(controls, counts), nil
+}
+
+// MergeQueues joins queue control rows with live job counts into one list by name.
+func MergeQueues(controls []QueueControl, counts []StateCount) []QueueInfo {
+	byName := map[string]*QueueInfo{}
+	var names []string
+	get := func(name string) *QueueInfo {
+		if q, ok := byName[name]; ok {
+			return q
+		}
+		q := &QueueInfo{QueueControl: QueueControl{Name: name}}
+		byName[name] = q
+		names = append(names, name)
+		return q
+	}
+	for _, c := range controls {
+		get(c.Name).QueueControl = c
+	}
+	for _, c := range counts {
+		q := get(c.Queue)
+		switch c.State {
+		case StateAvailable, StateRetryable:
+			q.Available += c.Count
+		case StateRunning:
+			q.Running += c.Count
+		}
+	}
+	sort.Strings(names)
+	out := make([]QueueInfo, len(names))
+	for i, n := range names {
+		out[i] = *byName[n]
+	}
+	return out
 }

@@ -117,6 +117,9 @@ func New(o Options) (http.Handler, error) {
 	admin.HandleFunc("GET /search", s.search)
 	admin.HandleFunc("GET /jobs/{id}", s.job)
 	admin.HandleFunc("POST /jobs/{id}/revoke", s.revoke)
+	admin.HandleFunc("POST /jobs/{id}/retry", s.retry)
+	admin.HandleFunc("POST /queues/pause", s.queueAction(true))
+	admin.HandleFunc("POST /queues/resume", s.queueAction(false))
 	// The Host check comes first: a DNS-rebinding page (its own name resolving to this address)
 	// is refused before anything else; then the token; then cross-origin POSTs (a page elsewhere
 	// submitting to this one) are refused.
@@ -237,6 +240,10 @@ type indexData struct {
 	Filters Filters
 	Queues  []string
 	States  []string
+	// QueueList is every queue with a control row or queued or running jobs; Schedules every
+	// durable schedule.
+	QueueList []store.QueueInfo
+	Schedules []store.ScheduleRow
 }
 
 // Flash messages are chosen by a fixed code in the URL, never taken from it, so a crafted link
@@ -247,6 +254,9 @@ const (
 )
 
 func flashText(code string, id int64) string {
+	if t := controlFlashText(code, id); t != "" {
+		return t
+	}
 	if id <= 0 {
 		return ""
 	}
@@ -278,10 +288,21 @@ func (s *server) index(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, err)
 		return
 	}
+	controls, err := store.AllQueueControls(ctx, s.DB)
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	schedules, err := store.ListSchedules(ctx, s.DB)
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
 	q := r.URL.Query()
 	id, _ := strconv.ParseInt(q.Get("job"), 10, 64)
 	data := indexData{Status: st, Failures: failures, Refresh: int(s.Refresh.Seconds()), Now: time.Now(),
-		Flash: flashText(q.Get("flash"), id), States: states}
+		Flash: flashText(q.Get("flash"), id), States: states, QueueList: store.MergeQueues(controls, st.Counts),
+		Schedules: schedules}
 	data.Charts, data.Finished, data.Sampled = charts(stats)
 	for _, c := range st.Counts {
 		if !slices.Contains(data.Queues, c.Queue) {
