@@ -3,6 +3,7 @@ package pool
 import (
 	"cmp"
 	"context"
+	"errors"
 	"log/slog"
 	"math/rand/v2"
 	"time"
@@ -124,24 +125,20 @@ func (p *Pool) jitteredPoll() time.Duration {
 	return d - d/10 + time.Duration(rand.Int64N(int64(d)/5+1))
 }
 
-// claim leases up to limit jobs and starts them: the active uncapped queues in one statement,
-// then each active capped queue under its row's lock (see queues.go). With OutcomesWithClaims,
-// outcomes waiting to be written ride along with the first statement: they are written in the
-// same transaction, one commit for both. The statements are not cut short by ctx: jobs they
-// claim are always started (and handed back on shutdown), never stranded.
+// claim leases up to limit jobs and starts them: first from each active capped queue, under that
+// queue's lock, as much as its cap leaves room for; then from the active uncapped queues in one
+// statement (see queues.go). Capped queues go first because they can never take more than their
+// room, while the uncapped ones would fill every free slot and starve them. With
+// OutcomesWithClaims, outcomes waiting to be written ride along with the uncapped claim: they are
+// written in the same transaction, one commit for both. The statements are not cut short by
+// ctx: jobs they claim are always started (and handed back on shutdown), never stranded.
 func (p *Pool) claim(ctx context.Context, limit int) (int, error) {
 	p.refreshQueues(ctx)
 	plan := p.queues.plan(p.cfg.Queues)
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
 	claimed := 0
-	if len(plan.uncapped) > 0 {
-		n, err := p.claimUncapped(sctx, plan.uncapped, limit)
-		if err != nil {
-			return 0, err
-		}
-		claimed += n
-	}
+	var firstErr error
 	for _, q := range plan.capped {
 		if claimed >= limit {
 			break
@@ -150,17 +147,27 @@ func (p *Pool) claim(ctx context.Context, limit int) (int, error) {
 		params := store.ClaimParams{Queues: []string{q}, Limit: limit - claimed, WorkerID: p.cfg.ID, Lease: p.cfg.LeaseDuration}
 		jobs, err := store.ClaimCapped(sctx, controlDB{p}, params)
 		if err != nil {
-			if claimed > 0 {
-				// What was claimed runs; the next round retries this queue.
-				p.log.WarnContext(ctx, "claiming jobs of a capped queue failed", slog.String("queue", q), slog.Any("err", err))
-				return claimed, nil
+			// This queue waits for the next round; the others are claimed now.
+			if !errors.Is(err, store.ErrQueueBusy) {
+				firstErr = cmp.Or(firstErr, err)
 			}
-			return 0, err
+			p.log.DebugContext(ctx, "claiming jobs of a capped queue failed", slog.String("queue", q), slog.Any("err", err))
+			continue
 		}
 		p.startAll(jobs, sentAt)
 		claimed += len(jobs)
 	}
-	return claimed, nil
+	if len(plan.uncapped) > 0 && claimed < limit {
+		n, err := p.claimUncapped(sctx, plan.uncapped, limit-claimed)
+		if err != nil {
+			firstErr = err
+		}
+		claimed += n
+	}
+	if claimed > 0 {
+		return claimed, nil // what was claimed runs; a failed part is tried again next round
+	}
+	return 0, firstErr
 }
 
 // claimScan is where the claim loop's index scan of a single queue starts (see

@@ -9,6 +9,7 @@ import (
 	"os"
 	"strconv"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
@@ -240,7 +241,7 @@ func (c Config) Validate() error {
 		}
 	}
 	for _, q := range c.Queues {
-		if q == "" || len(q) > 128 || !validName(q) {
+		if q == "" || utf8.RuneCountInString(q) > 128 || !validName(q) {
 			return bad("Queues", "must hold names of 1 to 128 characters, got %q", q)
 		}
 	}

@@ -322,3 +322,19 @@ func TestSnoozeIsNotAnAttempt(t *testing.T) {
 	}
 	waitFor(t, 10*time.Second, func() bool { return getRow(t, b.db, rid).State == "cancelled" })
 }
+
+// A snooze returned after the attempt's timeout fired does not give the attempt back: the
+// attempt fails like any timeout, so a job cannot escape its timeout by snoozing.
+func TestSnoozeAfterTimeoutFails(t *testing.T) {
+	t.Parallel()
+	p, b := setup(t, nil, fastConfig(), map[string]pool.Handler{"slow": pool.HandlerFunc(func(ctx context.Context, j *pool.Job) error {
+		<-ctx.Done()
+		return pool.Snooze(time.Millisecond)
+	})})
+	start(t, p)
+	id := insert(t, b.db, "slow", nil, &pool.InsertOpts{Timeout: 20 * time.Millisecond, MaxAttempts: 2})
+	waitFor(t, 20*time.Second, func() bool { return getRow(t, b.db, id).State == "failed" })
+	if r := getRow(t, b.db, id); r.Attempt != 2 || len(r.Errors) != 2 {
+		t.Fatalf("after two timed-out snoozes: attempt %d, %d errors; want 2 and 2", r.Attempt, len(r.Errors))
+	}
+}

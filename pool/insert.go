@@ -79,10 +79,10 @@ func params(kind string, payload any, opts *InsertOpts) (store.InsertParams, err
 	if kind == "" {
 		return store.InsertParams{}, fmt.Errorf("%w: kind is empty", ErrInvalidJob)
 	}
-	if len(kind) > 128 {
+	if utf8.RuneCountInString(kind) > 128 {
 		return store.InsertParams{}, fmt.Errorf("%w: kind is longer than 128 characters", ErrInvalidJob)
 	}
-	if len(o.Queue) > 128 {
+	if utf8.RuneCountInString(o.Queue) > 128 {
 		return store.InsertParams{}, fmt.Errorf("%w: queue is longer than 128 characters", ErrInvalidJob)
 	}
 	if o.Delay < 0 {

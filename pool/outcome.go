@@ -47,7 +47,7 @@ type ending struct {
 //   - the lease was lost to another worker: nothing;
 //   - the job was revoked before the handler returned: cancelled, whatever it returned;
 //   - the handler returned nil: completed;
-//   - Snooze(d): available after d, the attempt given back;
+//   - Snooze(d) while the lease holds: available after d, the attempt given back;
 //   - shutdown cancelled it and it returned an error: available again, the attempt given back;
 //   - Permanent, or attempts used up: failed;
 //   - RetryAfter(d): retryable after d; timeout, renewal timeout, any other error or panic:
@@ -87,7 +87,10 @@ func decide(id, token int64, worker string, e ending) (out store.Outcome, write 
 		return out, true
 	}
 	var sz *snoozeError
-	if errors.As(e.err, &sz) {
+	if errors.As(e.err, &sz) && e.cause == nil {
+		// A snooze is the handler's choice while its lease holds; one returned after a timeout
+		// or at shutdown is treated as the error it then is (the attempt fails, or is handed
+		// back at once).
 		out.State, out.RunIn, out.ReturnAttempt = store.StateAvailable, sz.d, true
 		return out, true
 	}

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/leashq/leash/internal/store"
 )
@@ -84,8 +85,8 @@ func ListQueues(ctx context.Context, db DB) ([]QueueState, error) {
 }
 
 func checkQueueName(name string) error {
-	if name == "" || len(name) > 128 || !validName(name) {
-		return fmt.Errorf("pool: queue name must be 1 to 128 bytes of valid UTF-8 without NUL, got %q", truncateForError(name))
+	if name == "" || utf8.RuneCountInString(name) > 128 || !validName(name) {
+		return fmt.Errorf("pool: queue name must be 1 to 128 characters of valid UTF-8 without NUL, got %q", truncateForError(name))
 	}
 	return nil
 }

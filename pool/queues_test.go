@@ -348,3 +348,37 @@ func TestHigherPriorityFoundAheadOfTheCursor(t *testing.T) {
 		}
 	}
 }
+
+// A worker of several queues gives its capped queue its room under the cap, however much the
+// uncapped ones have queued; and nobody holding a queue's row (a forgotten transaction in psql)
+// can stall its claims.
+func TestCappedQueueAmongOthers(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	ctx := context.Background()
+	if err := pool.SetQueueMaxRunning(ctx, db, "reports", 2); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `SELECT * FROM leash.queues WHERE name = 'reports' FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	insertMany(t, db, "bulk", "bulk", 3000)
+	insertMany(t, db, "reports", "report", 10)
+	cfg := fastConfig()
+	cfg.Queues = []string{"bulk", "reports"}
+	cfg.Concurrency = 4
+	var c concurrency
+	p, _ := setup(t, db, cfg, map[string]pool.Handler{"bulk": holding(&c, time.Millisecond), "report": holding(&c, time.Millisecond)})
+	start(t, p)
+	waitFor(t, 20*time.Second, func() bool {
+		return count(t, db, `SELECT count(*) FROM leash.jobs WHERE queue = 'reports' AND state = 'completed'`) == 10
+	})
+	if n := count(t, db, `SELECT count(*) FROM leash.jobs WHERE queue = 'bulk' AND state = 'completed'`); n == 3000 {
+		t.Fatal("the reports waited for the whole bulk backlog")
+	}
+}

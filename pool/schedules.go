@@ -10,6 +10,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+	_ "time/tzdata" // CRON_TZ zones: every worker must read them alike, whatever its host has
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/robfig/cron/v3"
@@ -95,10 +97,11 @@ func parseSpec(spec string) (tickSpec, error) {
 	if len(spec) > 256 || !validName(spec) {
 		return nil, errors.New("spec must be at most 256 bytes of valid UTF-8 without NUL")
 	}
-	s := strings.TrimSpace(spec)
+	// Any run of spaces, tabs or newlines separates fields, as the database's check allows.
+	s := strings.Join(strings.Fields(spec), " ")
 	if rest, ok := strings.CutPrefix(s, "@every"); ok {
 		d, err := time.ParseDuration(strings.TrimSpace(rest))
-		if err != nil || rest == "" || (rest[0] != ' ' && rest[0] != '\t') {
+		if err != nil || rest == "" || rest[0] != ' ' {
 			return nil, fmt.Errorf("spec %q: @every needs a duration such as @every 5m", spec)
 		}
 		if d < MinEvery {
@@ -112,7 +115,7 @@ func parseSpec(spec string) (tickSpec, error) {
 	if strings.Contains(s, "@every") {
 		return nil, fmt.Errorf("spec %q: @every takes no zone", spec)
 	}
-	cs, err := cronParser.Parse(s)
+	cs, err := parseCron(s)
 	if err != nil {
 		return nil, fmt.Errorf("spec %q: %w", spec, err)
 	}
@@ -123,10 +126,20 @@ func parseSpec(spec string) (tickSpec, error) {
 	return t, nil
 }
 
+// parseCron parses a cron spec; a panic in the parser (on input it did not expect) is an error.
+func parseCron(s string) (sched cron.Schedule, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			sched, err = nil, fmt.Errorf("the cron parser failed on it: %s", store.CleanText(describe(r), 200))
+		}
+	}()
+	return cronParser.Parse(s)
+}
+
 func (s Schedule) row() (store.ScheduleRow, error) {
 	switch {
-	case s.Name == "" || len(s.Name) > 128 || !validName(s.Name):
-		return store.ScheduleRow{}, fmt.Errorf("%w: schedule name must be 1 to 128 bytes of valid UTF-8 without NUL", ErrInvalidJob)
+	case s.Name == "" || utf8.RuneCountInString(s.Name) > 128 || !validName(s.Name):
+		return store.ScheduleRow{}, fmt.Errorf("%w: schedule name must be 1 to 128 characters of valid UTF-8 without NUL", ErrInvalidJob)
 	}
 	if err := ValidateSpec(s.Spec); err != nil {
 		return store.ScheduleRow{}, fmt.Errorf("%w: schedule %s: %v", ErrInvalidJob, s.Name, err)
@@ -213,10 +226,15 @@ func decideTick(spec tickSpec, row store.ScheduleRow, now time.Time) store.Tick 
 		return store.Tick{Next: spec.next(now)} // first sight: fire from the next tick on
 	}
 	tick := *row.NextRunAt
+	if tick.Before(now.AddDate(-100, 0, 0)) {
+		// Not a tick any worker set (-infinity, or a date typed in by hand): start afresh.
+		return store.Tick{Next: spec.next(now)}
+	}
 	next := spec.next(tick)
 	if !next.After(now) {
 		// Ticks were missed: this one job stands for all of them; go on from the next tick to come.
 		if e, ok := spec.(everySpec); ok {
+			// At most 100 years of ticks missed, each at least MinEvery: no overflow.
 			next = tick.Add((now.Sub(tick)/e.d + 1) * e.d)
 		} else {
 			next = spec.next(now)
@@ -248,7 +266,7 @@ func (p *Pool) runSchedules(ctx context.Context) {
 	var specs specCache
 	for {
 		wait := p.cfg.ScheduleInterval
-		more, err := p.scheduleOnce(ctx, &specs)
+		more, err := p.scheduleOnceSafely(ctx, &specs)
 		switch {
 		case err != nil:
 			if ctx.Err() != nil {
@@ -272,6 +290,18 @@ func (p *Pool) runSchedules(ctx context.Context) {
 }
 
 const schedulesPerPass = 100
+
+// scheduleOnceSafely is scheduleOnce, with a panic (a bug, or input nothing expected) turned into
+// a failed pass: schedules must never take the worker down.
+func (p *Pool) scheduleOnceSafely(ctx context.Context, specs *specCache) (more bool, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			p.metrics.ScheduleErrors.Add(1)
+			more, err = false, fmt.Errorf("enqueue scheduled jobs: panic: %s", store.CleanText(describe(r), 512))
+		}
+	}()
+	return p.scheduleOnce(ctx, specs)
+}
 
 // scheduleOnce handles the schedules due now, in one transaction; more reports a full batch.
 func (p *Pool) scheduleOnce(ctx context.Context, specs *specCache) (more bool, err error) {
@@ -305,7 +335,8 @@ func (p *Pool) scheduleOnce(ctx context.Context, specs *specCache) (more bool, e
 				if sctx.Err() != nil {
 					return err
 				}
-				// This tick is skipped, the schedule goes on, the others of the pass are not held up.
+				// This tick is skipped (or, if even that cannot be written, the schedule is
+				// stopped with the error): the others of the pass are not held up.
 				p.metrics.ScheduleErrors.Add(1)
 				p.log.ErrorContext(ctx, "enqueueing a scheduled job failed; skipping this tick",
 					slog.String("schedule", safeName(row.Name)), slog.Any("err", err))

@@ -164,3 +164,42 @@ func TestBadSchedules(t *testing.T) {
 		t.Fatalf("RemoveSchedule = %v, %v", ok, err)
 	}
 }
+
+// Rows no Go API would write cannot take the scheduler down or hold other schedules back: a
+// spec separated by tabs, a next_run_at of -infinity or centuries ago, an infinite updated_at.
+func TestHostileScheduleRows(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	ctx := context.Background()
+	if err := pool.ValidateSpec("CRON_TZ=UTC\t0\t3\t*\t*\t*"); err != nil {
+		t.Fatalf("tab-separated spec: %v", err)
+	}
+	if _, err := db.Exec(ctx, `INSERT INTO leash.schedules (name, spec, kind) VALUES ('tabs', e'CRON_TZ=UTC\t0\t3\t*\t*\t*', 'k')`); err == nil {
+		t.Fatal("the database accepted a zone followed by a tab")
+	}
+	if _, err := db.Exec(ctx, `INSERT INTO leash.schedules (name, spec, kind, next_run_at, updated_at, created_at) VALUES
+		('tabs', e'CRON_TZ=UTC 0\t3 *\t*  *', 'k', NULL, now(), now()),
+		('ancient', '@every 1h', 'ancient', '1700-01-01', now(), now()),
+		('minus', '@every 1h', 'minus', '-infinity', now(), now()),
+		('forever', '@every 150ms', 'forever', NULL, 'infinity', '-infinity'),
+		('healthy', '@every 150ms', 'healthy', NULL, now(), now())`); err != nil {
+		t.Fatal(err)
+	}
+	p, _ := setup(t, db, scheduleConfig(), map[string]pool.Handler{"healthy": noop(), "forever": noop()})
+	start(t, p)
+	waitFor(t, 20*time.Second, func() bool { return len(ticks(t, db, "healthy")) >= 3 && len(ticks(t, db, "forever")) >= 3 })
+	for _, kind := range []string{"ancient", "minus"} {
+		if n := len(ticks(t, db, kind)); n != 0 {
+			t.Errorf("schedule %s with a nonsense next_run_at enqueued %d jobs; want none until its next tick", kind, n)
+		}
+	}
+	list, err := pool.ListSchedules(ctx, db)
+	if err != nil || len(list) != 5 {
+		t.Fatalf("ListSchedules: %d, %v", len(list), err)
+	}
+	for _, s := range list {
+		if s.Stopped() || s.NextRunAt == nil || s.NextRunAt.Before(time.Now().Add(-time.Minute)) {
+			t.Errorf("schedule %s: next %v, stopped %v, error %q", s.Name, s.NextRunAt, s.Stopped(), s.LastError)
+		}
+	}
+}

@@ -57,6 +57,9 @@ BEGIN
 END;
 $$;
 
+-- Only roles granted EXECUTE may pause a queue (they run with the owner's rights).
+REVOKE ALL ON FUNCTION leash.pause_queue(text) FROM PUBLIC;
+
 -- Resumes a paused queue: workers claim from it again at once. True when it was paused.
 CREATE OR REPLACE FUNCTION leash.resume_queue(name text) RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -70,12 +73,24 @@ BEGIN
 END;
 $$;
 
+REVOKE ALL ON FUNCTION leash.resume_queue(text) FROM PUBLIC;
+
 -- Running jobs by queue (and worker): a capped queue's claim counts its running jobs here, and
 -- the rescuer and status find running jobs. Replaces jobs_running_idx (leased_by alone), so that
 -- a claim still maintains the same number of indexes. Neither index is on lease_expires_at or
 -- heartbeat_at: renewals stay heap-only updates.
-DROP INDEX CONCURRENTLY IF EXISTS leash.jobs_running_queue_idx;
+-- A build cut short leaves an invalid index behind: only such a one is dropped and built again,
+-- never a valid one (this migration may be run again after a later statement failed).
+DO $$
+BEGIN
+    IF EXISTS (SELECT FROM pg_index WHERE indexrelid = to_regclass('leash.jobs_running_queue_idx') AND NOT indisvalid) THEN
+        ALTER INDEX leash.jobs_running_queue_idx RENAME TO jobs_running_queue_idx_invalid;
+    END IF;
+END;
+$$;
 
-CREATE INDEX CONCURRENTLY jobs_running_queue_idx ON leash.jobs (queue, leased_by) WHERE state = 'running';
+DROP INDEX CONCURRENTLY IF EXISTS leash.jobs_running_queue_idx_invalid;
+
+CREATE INDEX CONCURRENTLY IF NOT EXISTS jobs_running_queue_idx ON leash.jobs (queue, leased_by) WHERE state = 'running';
 
 DROP INDEX CONCURRENTLY IF EXISTS leash.jobs_running_idx;

@@ -28,19 +28,36 @@ BEGIN
 END;
 $$;
 
-DROP INDEX CONCURRENTLY IF EXISTS leash.jobs_unique_key_idx;
+DO $$
+BEGIN
+    IF EXISTS (SELECT FROM pg_index WHERE indexrelid = to_regclass('leash.jobs_unique_key_idx') AND NOT indisvalid) THEN
+        ALTER INDEX leash.jobs_unique_key_idx RENAME TO jobs_unique_key_idx_invalid;
+    END IF;
+END;
+$$;
 
-CREATE UNIQUE INDEX CONCURRENTLY jobs_unique_key_idx ON leash.jobs (unique_key)
+DROP INDEX CONCURRENTLY IF EXISTS leash.jobs_unique_key_idx_invalid;
+
+CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS jobs_unique_key_idx ON leash.jobs (unique_key)
     WHERE unique_key IS NOT NULL AND state IN ('available', 'retryable', 'running');
 
 -- Finished jobs by key, for inserts that also dedupe against jobs finished recently.
-DROP INDEX CONCURRENTLY IF EXISTS leash.jobs_unique_key_finished_idx;
+DO $$
+BEGIN
+    IF EXISTS (SELECT FROM pg_index WHERE indexrelid = to_regclass('leash.jobs_unique_key_finished_idx') AND NOT indisvalid) THEN
+        ALTER INDEX leash.jobs_unique_key_finished_idx RENAME TO jobs_unique_key_finished_idx_invalid;
+    END IF;
+END;
+$$;
 
-CREATE INDEX CONCURRENTLY jobs_unique_key_finished_idx ON leash.jobs (unique_key, finished_at)
+DROP INDEX CONCURRENTLY IF EXISTS leash.jobs_unique_key_finished_idx_invalid;
+
+CREATE INDEX CONCURRENTLY IF NOT EXISTS jobs_unique_key_finished_idx ON leash.jobs (unique_key, finished_at)
     WHERE unique_key IS NOT NULL AND state IN ('completed', 'failed', 'cancelled');
 
--- A failed or cancelled job runs once more: available now, with one more attempt allowed, its
--- revocation (if any) lifted; its error history is kept. False for an unknown job, or one that is
+-- A failed or cancelled job runs once more: available now, with exactly one more attempt allowed
+-- (max_attempts = attempt + 1), its revocation (if any) lifted and its output cleared; its error
+-- history is kept. False for an unknown job, or one that is
 -- queued or running. Fails with unique_violation, naming the key, when another job with the same
 -- unique key is not finished.
 CREATE OR REPLACE FUNCTION leash.retry_job(job_id bigint) RETURNS boolean
@@ -52,8 +69,8 @@ BEGIN
     SELECT unique_key INTO k FROM leash.jobs WHERE id = job_id;
     BEGIN
         UPDATE leash.jobs
-        SET state = 'available', run_at = now(), max_attempts = greatest(max_attempts, attempt + 1),
-            finished_at = NULL, revoked_at = NULL, revoke_reason = NULL
+        SET state = 'available', run_at = now(), max_attempts = attempt + 1,
+            finished_at = NULL, revoked_at = NULL, revoke_reason = NULL, output = NULL
         WHERE id = job_id AND state IN ('failed', 'cancelled')
         RETURNING queue INTO q;
     EXCEPTION WHEN unique_violation THEN
@@ -67,6 +84,9 @@ BEGIN
     RETURN true;
 END;
 $$;
+
+-- Only roles granted EXECUTE may retry jobs (it runs with the owner's rights).
+REVOKE ALL ON FUNCTION leash.retry_job(bigint) FROM PUBLIC;
 
 -- Durable periodic jobs. A row inserted with name, spec and kind (and payload) is valid and
 -- fires from the next tick on. Whichever worker first sees a tick due enqueues it, in one
@@ -99,8 +119,8 @@ CREATE TABLE IF NOT EXISTS leash.schedules (
     -- The shape of a spec; workers check the rest (field ranges, zone names) and record what
     -- they reject in last_error.
     CONSTRAINT schedules_spec_check CHECK (length(spec) <= 256 AND (
-        spec ~ '^(CRON_TZ=[^[:space:]]+[[:space:]]+)?([^[:space:]]+[[:space:]]+){4}[^[:space:]]+$'
-        OR spec ~ '^(CRON_TZ=[^[:space:]]+[[:space:]]+)?@(yearly|annually|monthly|weekly|daily|midnight|hourly)$'
+        spec ~ '^(CRON_TZ=[^[:space:]]+ +)?([^[:space:]]+[[:space:]]+){4}[^[:space:]]+$'
+        OR spec ~ '^(CRON_TZ=[^[:space:]]+ +)?@(yearly|annually|monthly|weekly|daily|midnight|hourly)$'
         OR spec ~ '^@every[[:space:]]+[0-9][0-9a-z.]*$'))
 );
 

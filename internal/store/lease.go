@@ -2,11 +2,14 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // ClaimParams selects and leases runnable jobs.
@@ -106,7 +109,7 @@ var (
 )
 
 // claimCappedSQL claims from one queue that leash.queues may pause or cap. It runs after
-// lockQueueSQL in the same transaction: with the queue's row locked, no other claim of the
+// lockQueueSQL in the same transaction: with the queue's lock held, no other claim of the
 // queue is in flight, and this statement's snapshot (taken after the lock was granted) sees every
 // claim of the queue committed before it, so its count of running jobs is exact and the cap
 // holds across workers. A queue without a row is claimed like an uncapped one.
@@ -125,8 +128,24 @@ var claimCappedSQL = strings.Replace(strings.Replace(claimSQL,
 
 var claimCappedOneSQL = fmt.Sprintf(claimCappedSQL, "queue = $1")
 
-// lockQueueSQL serializes the claims of one capped queue (and only of that queue).
-const lockQueueSQL = `SELECT FROM leash.queues WHERE name = $1 FOR NO KEY UPDATE`
+// lockQueueSQL serializes the claims of one capped queue (and only of that queue, up to hash
+// collisions, which merely serialize two queues' claims) with a transaction-level advisory lock:
+// a lock on the queue's row would let anyone holding that row (a forgotten BEGIN; SELECT ...
+// FOR UPDATE in psql) stall the queue's claims. The wait is bounded all the same (lock_timeout),
+// so that nothing can hold a claim loop for long.
+const lockQueueSQL = `SELECT set_config('lock_timeout', $2, true), pg_advisory_xact_lock(1818583411, hashtext($1))`
+
+// CappedLockTimeout bounds how long a capped queue's claim waits for the queue's lock.
+const CappedLockTimeout = time.Second
+
+// isLockNotAvailable reports whether err is PostgreSQL's lock_timeout (55P03).
+func isLockNotAvailable(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "55P03"
+}
+
+// ErrQueueBusy means a capped queue's claim gave up waiting for another claim of that queue.
+var ErrQueueBusy = errors.New("capped queue's claim lock busy")
 
 // ClaimCapped leases up to p.Limit runnable jobs of p.Queues[0], a queue leash.queues may pause
 // or cap: never so many that more than its max_running jobs run at once across all workers,
@@ -136,11 +155,14 @@ func ClaimCapped(ctx context.Context, db Batcher, p ClaimParams) ([]ClaimedJob, 
 		return nil, fmt.Errorf("claim jobs of a capped queue: want one queue, got %d", len(p.Queues))
 	}
 	b := &pgx.Batch{}
-	b.Queue(lockQueueSQL, p.Queues[0])
+	b.Queue(lockQueueSQL, p.Queues[0], strconv.FormatInt(CappedLockTimeout.Milliseconds(), 10))
 	b.Queue(claimCappedOneSQL, p.Queues[0], p.Limit, p.WorkerID, millis(p.Lease))
 	br := db.SendBatch(ctx, b)
 	defer br.Close()
 	if _, err := br.Exec(); err != nil {
+		if isLockNotAvailable(err) {
+			return nil, fmt.Errorf("claim jobs of capped queue %q: %w", p.Queues[0], ErrQueueBusy)
+		}
 		return nil, fmt.Errorf("claim jobs of capped queue %q: lock the queue: %w", p.Queues[0], err)
 	}
 	rows, err := br.Query()

@@ -29,8 +29,10 @@ type Outcome struct {
 	// Revoke, when set, records the revocation the worker learned of (revoked_at, and this
 	// reason if the row has none yet).
 	Revoke *string
-	// Output, when not nil, is the JSON the handler recorded as the job's result; nil leaves the
-	// output column alone. Cleaned by Finish like progress.
+	// Output is the JSON the attempt recorded as the job's result; nil: none, and the column is
+	// cleared, so that it never shows an earlier attempt's result (a hand-back, which did not run
+	// the job to an end, keeps the column as it was unless it carries one). Cleaned by Finish
+	// like progress.
 	Output []byte
 }
 
@@ -147,7 +149,7 @@ const finishSQL = `
 		    last_error = coalesce(u.err->>'error', j.last_error),
 		    revoked_at = CASE WHEN u.revoke IS NOT NULL THEN coalesce(j.revoked_at, now()) ELSE j.revoked_at END,
 		    revoke_reason = CASE WHEN u.revoke IS NOT NULL AND j.revoked_at IS NULL THEN u.revoke ELSE j.revoke_reason END,
-		    output = coalesce(u.output, j.output),
+		    output = CASE WHEN u.give_back AND u.output IS NULL THEN j.output ELSE u.output END,
 		    lease_token = NULL, leased_by = NULL, lease_expires_at = NULL
 		FROM u
 		WHERE j.id = u.id
@@ -231,7 +233,7 @@ func CompleteTx(ctx context.Context, tx DBTX, id, token int64, output []byte) er
 			FOR NO KEY UPDATE
 		), done AS (
 			UPDATE leash.jobs j SET state = 'completed', finished_at = now(),
-			    output = coalesce($3::jsonb, j.output),
+			    output = $3::jsonb,
 			    lease_token = NULL, leased_by = NULL, lease_expires_at = NULL
 			FROM cur WHERE j.id = cur.id AND NOT cur.revoked
 		)

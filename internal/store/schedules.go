@@ -32,14 +32,22 @@ const scheduleColumns = `name, spec, kind, payload, queue, priority, max_attempt
 	coalesce(ceil(extract(epoch FROM timeout) * 1000)::bigint, 0), next_run_at, last_run_at, last_job_id, last_error,
 	created_at, updated_at`
 
+// scanSchedule reads a row written by anyone: every timestamp goes through pgtype, which holds
+// 'infinity' too.
 func scanSchedule(row pgx.Row) (ScheduleRow, error) {
 	var s ScheduleRow
 	var timeoutMS int64
-	var next, last pgtype.Timestamptz
+	var next, last, created, updated pgtype.Timestamptz
 	err := row.Scan(&s.Name, &s.Spec, &s.Kind, &s.Payload, &s.Queue, &s.Priority, &s.MaxAttempts, &timeoutMS,
-		&next, &last, &s.LastJobID, &s.LastError, &s.CreatedAt, &s.UpdatedAt)
+		&next, &last, &s.LastJobID, &s.LastError, &created, &updated)
 	s.Timeout = time.Duration(timeoutMS) * time.Millisecond
 	s.NextRunAt, s.LastRunAt = timestamptz(next), timestamptz(last)
+	if t := timestamptz(created); t != nil {
+		s.CreatedAt = *t
+	}
+	if t := timestamptz(updated); t != nil {
+		s.UpdatedAt = *t
+	}
 	return s, err
 }
 
@@ -157,27 +165,22 @@ func DueSchedules(ctx context.Context, tx pgx.Tx, limit int) ([]ScheduleRow, tim
 	return out, now, nil
 }
 
-// ApplyTick carries out t for the locked schedule s in tx: the job of the due tick is enqueued
-// (run_at = the tick) and the schedule advanced, in a savepoint, so that one schedule that fails
-// leaves the others of the transaction alone. It returns the id of the job enqueued (0: none).
+// ApplyTick carries out t for the locked schedule s in tx, in a savepoint, so that one schedule
+// that fails leaves the others of the transaction alone: with Err, the error is recorded and the
+// schedule stopped; else the due tick's job is enqueued (run_at = the tick) when Enqueue is set,
+// and the schedule moves on to Next. It returns the id of the job enqueued (0: none).
 func ApplyTick(ctx context.Context, tx pgx.Tx, s ScheduleRow, t Tick) (int64, error) {
-	if t.Err != "" {
-		_, err := tx.Exec(ctx, `
-			UPDATE leash.schedules SET next_run_at = 'infinity', last_error = $2 WHERE name = $1`,
-			s.Name, CleanText(t.Err, 1024))
-		if err != nil {
-			return 0, fmt.Errorf("record error of schedule %q: %w", s.Name, err)
-		}
-		return 0, nil
-	}
-	if !t.Enqueue {
-		if _, err := tx.Exec(ctx, `UPDATE leash.schedules SET next_run_at = $2 WHERE name = $1`, s.Name, t.Next); err != nil {
-			return 0, fmt.Errorf("arm schedule %q: %w", s.Name, err)
-		}
-		return 0, nil
-	}
 	var id int64
 	err := pgx.BeginFunc(ctx, tx, func(sp pgx.Tx) error {
+		switch {
+		case t.Err != "":
+			_, err := sp.Exec(ctx, `UPDATE leash.schedules SET next_run_at = 'infinity', last_error = $2 WHERE name = $1`,
+				s.Name, CleanText(t.Err, 1024))
+			return err
+		case !t.Enqueue:
+			_, err := sp.Exec(ctx, `UPDATE leash.schedules SET next_run_at = $2 WHERE name = $1`, s.Name, t.Next)
+			return err
+		}
 		if err := sp.QueryRow(ctx, `
 			INSERT INTO leash.jobs (queue, kind, payload, priority, max_attempts, run_at, timeout)
 			VALUES ($1, $2, $3, $4, $5, $6, nullif($7, 0) * interval '1 millisecond')
@@ -191,15 +194,29 @@ func ApplyTick(ctx context.Context, tx pgx.Tx, s ScheduleRow, t Tick) (int64, er
 		return err
 	})
 	if err != nil {
-		return 0, fmt.Errorf("enqueue tick of schedule %q: %w", s.Name, err)
+		return 0, fmt.Errorf("schedule %q: %w", s.Name, err)
 	}
 	return id, nil
 }
 
-// SkipTick moves a schedule whose tick could not be enqueued on to next, recording why.
+// SkipTick moves a schedule whose tick could not be enqueued on to next, recording why; if even
+// that cannot be written (next out of range, ...), it stops the schedule with the error. Each in
+// a savepoint: only a failure to write the error itself fails tx.
 func SkipTick(ctx context.Context, tx pgx.Tx, name string, next time.Time, why string) error {
-	if _, err := tx.Exec(ctx, `UPDATE leash.schedules SET next_run_at = $2, last_error = $3 WHERE name = $1`,
-		name, next, CleanText(why, 1024)); err != nil {
+	why = CleanText(why, 1024)
+	err := pgx.BeginFunc(ctx, tx, func(sp pgx.Tx) error {
+		_, err := sp.Exec(ctx, `UPDATE leash.schedules SET next_run_at = $2, last_error = $3 WHERE name = $1`, name, next, why)
+		return err
+	})
+	if err == nil {
+		return nil
+	}
+	err = pgx.BeginFunc(ctx, tx, func(sp pgx.Tx) error {
+		_, err := sp.Exec(ctx, `UPDATE leash.schedules SET next_run_at = 'infinity', last_error = $2 WHERE name = $1`,
+			name, CleanText(why+"; then: "+err.Error(), 1024))
+		return err
+	})
+	if err != nil {
 		return fmt.Errorf("skip tick of schedule %q: %w", name, err)
 	}
 	return nil

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"regexp"
 	"strings"
 	"unicode/utf8"
 )
@@ -43,7 +44,7 @@ func CleanText(s string, max int) string {
 func CleanJSON(b []byte) ([]byte, error) {
 	// Any \u escape may be a NUL or a lone surrogate (jsonb refuses both): those documents are
 	// decoded and encoded again; Go's encoder writes neither.
-	if !bytes.Contains(b, []byte(`\u`)) && utf8.Valid(b) && bytes.IndexByte(b, 0) < 0 {
+	if !bytes.Contains(b, []byte(`\u`)) && utf8.Valid(b) && bytes.IndexByte(b, 0) < 0 && !hugeNumber.Match(b) {
 		return b, nil
 	}
 	dec := json.NewDecoder(bytes.NewReader(b))
@@ -74,7 +75,21 @@ func cleanValue(v any) any {
 			out[CleanText(k, 0)] = cleanValue(e)
 		}
 		return out
+	case json.Number:
+		// jsonb stores numbers as numeric, which refuses exponents beyond about ±16000 and
+		// very long fractions: such a number is kept as its text.
+		if len(x) > maxNumberText || hugeNumber.MatchString(string(x)) {
+			return CleanText(string(x), 0)
+		}
+		return x
 	default:
 		return v
 	}
 }
+
+// maxNumberText is the longest number kept as a number (numeric allows 16383 fraction digits).
+const maxNumberText = 1000
+
+// hugeNumber finds a number whose exponent has four digits or more, or a run of digits longer
+// than maxNumberText: one that jsonb may refuse.
+var hugeNumber = regexp.MustCompile(`[0-9.][eE][+-]?[0-9]{4,}|[0-9]{1000,}`)

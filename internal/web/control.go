@@ -50,7 +50,7 @@ func controlFlashText(code string, id int64) string {
 // queueName reads the queue a form names, or "" when it is not a name a queue can have.
 func queueName(r *http.Request) string {
 	q := r.PostFormValue("queue")
-	if q == "" || len(q) > 128 || !utf8.ValidString(q) || strings.IndexFunc(q, unicode.IsControl) >= 0 {
+	if q == "" || utf8.RuneCountInString(q) > 128 || !utf8.ValidString(q) || strings.IndexFunc(q, unicode.IsControl) >= 0 {
 		return ""
 	}
 	return q
