@@ -19,6 +19,8 @@ type InsertParams struct {
 	RunAt       time.Time     // zero means now (database clock)
 	Delay       time.Duration // added to now (database clock) when RunAt is zero
 	Timeout     time.Duration // limit for one attempt; 0 means the kind's default
+	// TraceContext is the W3C trace context carrier as a JSON object; nil stores NULL.
+	TraceContext []byte
 }
 
 func (p *InsertParams) scheduled() bool { return !p.RunAt.IsZero() || p.Delay > 0 }
@@ -31,12 +33,13 @@ func Insert(ctx context.Context, db DBTX, p InsertParams) (int64, error) {
 	}
 	var id int64
 	err := db.QueryRow(ctx, `
-		INSERT INTO leash.jobs (queue, kind, payload, priority, max_attempts, run_at, timeout)
+		INSERT INTO leash.jobs (queue, kind, payload, priority, max_attempts, run_at, timeout, trace_context)
 		VALUES ($1, $2, coalesce($3::jsonb, '{}'), $4,
 		        $5, coalesce($6, now() + $7 * interval '1 millisecond'),
-		        nullif($8, 0) * interval '1 millisecond')
+		        nullif($8, 0) * interval '1 millisecond', $9::jsonb)
 		RETURNING id`,
 		p.Queue, p.Kind, nullJSON(p.Payload), p.Priority, p.MaxAttempts, runAt, millis(p.Delay), millis(p.Timeout),
+		nullJSON(p.TraceContext),
 	).Scan(&id)
 	if err != nil {
 		return 0, fmt.Errorf("insert job: %w", err)
@@ -64,14 +67,18 @@ func InsertMany(ctx context.Context, db CopyDB, ps []InsertParams) (int64, error
 	if len(ps) == 0 {
 		return 0, nil
 	}
-	scheduled, timeouts := false, false
+	scheduled, timeouts, traces := false, false, false
 	for i := range ps {
 		scheduled = scheduled || ps[i].scheduled()
 		timeouts = timeouts || ps[i].Timeout > 0
+		traces = traces || ps[i].TraceContext != nil
 	}
 	cols := []string{"queue", "kind", "payload", "priority", "max_attempts"}
 	if timeouts {
 		cols = append(cols, "timeout")
+	}
+	if traces {
+		cols = append(cols, "trace_context")
 	}
 	row := func(p *InsertParams) []any {
 		payload := p.Payload
@@ -81,6 +88,9 @@ func InsertMany(ctx context.Context, db CopyDB, ps []InsertParams) (int64, error
 		r := []any{p.Queue, p.Kind, string(payload), p.Priority, p.MaxAttempts}
 		if timeouts {
 			r = append(r, pgtype.Interval{Microseconds: p.Timeout.Microseconds(), Valid: p.Timeout > 0})
+		}
+		if traces {
+			r = append(r, nullJSON(p.TraceContext))
 		}
 		return r
 	}

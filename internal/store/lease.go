@@ -31,7 +31,14 @@ type ClaimedJob struct {
 	AttemptedAt time.Time
 	// Timeout is the job's own limit for one attempt; zero when the row has none.
 	Timeout time.Duration
+	// TraceContext is the row's trace_context as JSON text when it is an object of at most
+	// MaxTraceContextBytes (anything else any SQL client wrote reads as nil, never as an error).
+	TraceContext []byte
 }
+
+// MaxTraceContextBytes bounds the trace_context a claim reads back: a W3C traceparent is 55
+// bytes and a tracestate at most 512, so anything longer is not a trace context.
+const MaxTraceContextBytes = 4096
 
 const claimSQL = `
 	WITH picked AS (
@@ -49,7 +56,9 @@ const claimSQL = `
 	WHERE j.id = picked.id
 	RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.attempt, j.max_attempts, j.lease_token,
 	          j.created_at, j.run_at, j.attempted_at,
-	          coalesce(ceil(extract(epoch FROM j.timeout) * 1000)::bigint, 0)`
+	          coalesce(ceil(extract(epoch FROM j.timeout) * 1000)::bigint, 0),
+	          CASE WHEN jsonb_typeof(j.trace_context) = 'object' AND octet_length(j.trace_context::text) <= 4096
+	               THEN j.trace_context::text END`
 
 var (
 	claimOneQueueSQL   = fmt.Sprintf(claimSQL, "queue = $1")
@@ -83,7 +92,7 @@ func scanClaimed(rows pgx.Rows, limit int) ([]ClaimedJob, error) {
 		var j ClaimedJob
 		var timeoutMS int64
 		if err := rows.Scan(&j.ID, &j.Queue, &j.Kind, &j.Payload, &j.Priority, &j.Attempt, &j.MaxAttempts,
-			&j.Token, &j.CreatedAt, &j.RunAt, &j.AttemptedAt, &timeoutMS); err != nil {
+			&j.Token, &j.CreatedAt, &j.RunAt, &j.AttemptedAt, &timeoutMS, &j.TraceContext); err != nil {
 			return nil, fmt.Errorf("claim jobs: %w", err)
 		}
 		j.Timeout = time.Duration(timeoutMS) * time.Millisecond
