@@ -38,6 +38,12 @@ type InsertOpts struct {
 	// Timeout limits one attempt: past it the handler's context is cancelled with ErrTimeout
 	// and the attempt fails like an error. Zero: the kind's default (Config.Timeouts), if any.
 	Timeout time.Duration
+	// TraceContext is the enqueuer's W3C trace context carrier ("traceparent", "tracestate"),
+	// stored in the job's trace_context column for tracing workers; see TraceContext on Job.
+	// Usually filled from ctx by the helpers of module github.com/leashq/leash/otel. Nil stores
+	// NULL. Keys and values must be valid UTF-8 without NUL bytes, MaxTraceContextBytes at most
+	// as JSON.
+	TraceContext map[string]string
 }
 
 // ErrInvalidJob wraps every rejection of a job before it reaches the database.
@@ -73,8 +79,13 @@ func params(kind string, payload any, opts *InsertOpts) (store.InsertParams, err
 	if err != nil {
 		return store.InsertParams{}, fmt.Errorf("%w: kind %s: %v", ErrInvalidJob, kind, err)
 	}
+	trace, err := encodeTraceContext(o.TraceContext)
+	if err != nil {
+		return store.InsertParams{}, fmt.Errorf("%w: kind %s: %v", ErrInvalidJob, kind, err)
+	}
 	return store.InsertParams{Queue: cmp.Or(o.Queue, QueueDefault), Kind: kind, Payload: body, Priority: o.Priority,
-		MaxAttempts: int32(cmp.Or(o.MaxAttempts, MaxAttemptsDefault)), RunAt: o.RunAt, Delay: o.Delay, Timeout: o.Timeout}, nil
+		MaxAttempts: int32(cmp.Or(o.MaxAttempts, MaxAttemptsDefault)), RunAt: o.RunAt, Delay: o.Delay, Timeout: o.Timeout,
+		TraceContext: trace}, nil
 }
 
 // validName reports whether s can be stored as PostgreSQL text.
