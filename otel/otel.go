@@ -67,8 +67,8 @@ const (
 
 // Config configures a Hook. The zero value works.
 type Config struct {
-	// TracerProvider makes the attempt spans. Default: otel.GetTracerProvider(), read at each
-	// attempt, so a provider installed after NewHook is used.
+	// TracerProvider makes the attempt spans. Default: the global one, otel.GetTracerProvider()
+	// (which also serves a provider installed after NewHook).
 	TracerProvider trace.TracerProvider
 	// LinkAfter decides between child and link. An attempt that starts at most this long after
 	// its job was enqueued (attempted_at − created_at, both on the database clock) is a child of
@@ -82,7 +82,7 @@ type Config struct {
 // Hook is a pool.AttemptHook that runs every attempt under a span. Install it in
 // pool.Config.Hooks.
 type Hook struct {
-	provider  trace.TracerProvider
+	tracer    trace.Tracer
 	linkAfter time.Duration
 }
 
@@ -91,15 +91,10 @@ func NewHook(cfg Config) *Hook {
 	if cfg.LinkAfter == 0 {
 		cfg.LinkAfter = LinkAfterDefault
 	}
-	return &Hook{provider: cfg.TracerProvider, linkAfter: cfg.LinkAfter}
-}
-
-func (h *Hook) tracer() trace.Tracer {
-	tp := h.provider
-	if tp == nil {
-		tp = otel.GetTracerProvider()
+	if cfg.TracerProvider == nil {
+		cfg.TracerProvider = otel.GetTracerProvider()
 	}
-	return tp.Tracer(ScopeName)
+	return &Hook{tracer: cfg.TracerProvider.Tracer(ScopeName), linkAfter: cfg.LinkAfter}
 }
 
 // StartAttempt implements pool.AttemptHook: it starts the attempt's consumer span, named
@@ -132,7 +127,7 @@ func (h *Hook) StartAttempt(ctx context.Context, job *pool.Job) (context.Context
 		}
 	}
 	// parent is ctx with another span context: the handler keeps ctx's values and cancellation.
-	spanCtx, span := h.tracer().Start(parent, "process "+job.Kind, opts...)
+	spanCtx, span := h.tracer.Start(parent, "process "+job.Kind, opts...)
 	return spanCtx, &attempt{span: span}
 }
 

@@ -57,12 +57,13 @@ const claimSQL = `
 	RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.attempt, j.max_attempts, j.lease_token,
 	          j.created_at, j.run_at, j.attempted_at,
 	          coalesce(ceil(extract(epoch FROM j.timeout) * 1000)::bigint, 0),
-	          CASE WHEN jsonb_typeof(j.trace_context) = 'object' AND octet_length(j.trace_context::text) <= 4096
+	          CASE WHEN jsonb_typeof(j.trace_context) = 'object'
+	                AND octet_length(j.trace_context::text) <= %d
 	               THEN j.trace_context::text END`
 
 var (
-	claimOneQueueSQL   = fmt.Sprintf(claimSQL, "queue = $1")
-	claimManyQueuesSQL = fmt.Sprintf(claimSQL, "queue = ANY($1)")
+	claimOneQueueSQL   = fmt.Sprintf(claimSQL, "queue = $1", MaxTraceContextBytes)
+	claimManyQueuesSQL = fmt.Sprintf(claimSQL, "queue = ANY($1)", MaxTraceContextBytes)
 )
 
 // Claim leases up to p.Limit runnable jobs in one statement, in priority, run_at, id order,
