@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -13,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/leashq/leash/internal/pgtest"
+	"github.com/leashq/leash/lease"
 	leashotel "github.com/leashq/leash/otel"
 	"github.com/leashq/leash/pool"
 )
@@ -261,5 +263,59 @@ func TestCarrier(t *testing.T) {
 	own := map[string]string{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
 	if o := leashotel.WithTrace(ctx, &pool.InsertOpts{TraceContext: own}); o.TraceContext["traceparent"] != own["traceparent"] {
 		t.Fatalf("an explicit trace context was replaced: %v", o.TraceContext)
+	}
+}
+
+// A takeover reaches the old holder as an event, and its span ends with nothing written.
+func TestLostLeaseSpan(t *testing.T) {
+	t.Parallel()
+	started := make(chan int64, 10)
+	b := setup(t, leashotel.Config{}, pool.Config{LeaseDuration: 2 * time.Minute, HeartbeatInterval: time.Minute,
+		RescueInterval: time.Hour}, map[string]pool.Handler{
+		"block": pool.HandlerFunc(func(ctx context.Context, j *pool.Job) error {
+			if j.Attempt > 1 {
+				return nil // the retry after the takeover
+			}
+			started <- j.ID
+			<-ctx.Done()
+			return context.Cause(ctx)
+		}),
+	})
+	if _, err := leashotel.Insert(context.Background(), b.db, "block", nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	id := <-started
+	// The takeover notification needs the listener.
+	for deadline := time.Now().Add(10 * time.Second); !b.pool.ListenerConnected(); {
+		if time.Now().After(deadline) {
+			t.Fatal("listener not connected")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	ctx := context.Background()
+	err := pgx.BeginFunc(ctx, b.db, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `UPDATE leash.jobs SET lease_expires_at = now() - interval '1 second' WHERE id = $1`, id); err != nil {
+			return err
+		}
+		_, err := (&lease.Rescuer{DB: tx, Interval: time.Hour}).RunOnce(ctx)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := b.spans.next(t, "process block")
+	if attrs(s)[leashotel.AttrAttempt].AsInt64() != 1 {
+		s = b.spans.next(t, "process block") // the retry ended first
+	}
+	a := attrs(s)
+	var lost int
+	for _, ev := range s.Events() {
+		if ev.Name == leashotel.EventLeaseLost {
+			lost++
+		}
+	}
+	if lost != 1 || a[leashotel.AttrOutcome].AsString() != "lost" || a[leashotel.AttrEndCause].AsString() != "lost" || s.Status().Code != codes.Error {
+		t.Fatalf("events %v, attributes %v, status %v", s.Events(), a, s.Status())
 	}
 }

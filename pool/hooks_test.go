@@ -314,3 +314,18 @@ func TestLoggerCarriesTheAttempt(t *testing.T) {
 		t.Errorf("lease_token %v, row %+v", line["lease_token"], r)
 	}
 }
+
+func TestHookSeesTimeout(t *testing.T) {
+	t.Parallel()
+	hook := newRecordingHook()
+	cfg := fastConfig()
+	cfg.Hooks = []pool.AttemptHook{hook}
+	p, b := setup(t, nil, cfg, map[string]pool.Handler{"block": newBlocker()})
+	insert(t, b.db, "block", nil, &pool.InsertOpts{Timeout: 50 * time.Millisecond, MaxAttempts: 1})
+	start(t, p)
+	a := hook.next(t)
+	if len(a.causes) != 1 || !errors.Is(a.causes[0], pool.ErrTimeout) || a.ended.State != "failed" ||
+		!errors.Is(a.ended.Cause, pool.ErrTimeout) {
+		t.Fatalf("lease causes %v, ended %+v", a.causes, a.ended)
+	}
+}
