@@ -3,13 +3,18 @@
 #   docker run --rm -e DATABASE_URL=postgres://... leash-worker migrate
 #   docker run --rm -e DATABASE_URL=postgres://... -e WORKER_ADMIN_TOKEN=... -p 127.0.0.1:8080:8080 leash-worker
 # Without WORKER_ADMIN_TOKEN the worker makes a random admin token at start and logs it once
-# (WORKER_HTTP_ADDR=:8080 is not loopback only).
+# (WORKER_HTTP_ADDR=:8080 is not loopback only). Add -e OTEL_EXPORTER_OTLP_ENDPOINT=http://collector:4318
+# to export traces.
+# The binary is a module of its own (cmd/worker, with OpenTelemetry), built against the library
+# and the otel module of this tree.
 FROM golang:1.26-bookworm AS build
 WORKDIR /src
 COPY go.mod go.sum ./
-RUN go mod download
+COPY otel/go.mod otel/go.sum ./otel/
+COPY cmd/worker/go.mod cmd/worker/go.sum ./cmd/worker/
+RUN cd cmd/worker && go mod download
 COPY . .
-RUN CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/worker ./cmd/worker
+RUN cd cmd/worker && CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/worker .
 
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/worker /worker

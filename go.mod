@@ -6,12 +6,9 @@ require (
 	github.com/chromedp/chromedp v0.23.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/jackc/pgxlisten v0.0.0-20250802141604-12b92425684c
-	github.com/lmittmann/tint v1.2.1
 	github.com/prometheus/client_golang v1.25.0
 	github.com/robfig/cron/v3 v3.0.1
-	github.com/sethvargo/go-envconfig v1.4.3
 	golang.org/x/sync v0.25.0
-	golang.org/x/term v0.48.0
 )
 
 require (

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"os"
 	"os/exec"
@@ -155,6 +156,9 @@ func runChild(ctx context.Context, job *pool.Job, path string, a ExecArgs, timeo
 		return fmt.Errorf("exec %s: %w", a.Cmd[0], err)
 	}
 	pgid := cmd.Process.Pid
+	log := pool.Logger(ctx).With(slog.String("cmd", a.Cmd[0]), slog.Int("pid", pgid))
+	log.DebugContext(ctx, "command started")
+	started := time.Now()
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
 	timer := time.NewTimer(timeout)
@@ -169,14 +173,17 @@ func runChild(ctx context.Context, job *pool.Job, path string, a ExecArgs, timeo
 		stopped = fmt.Errorf("exec %s: timed out after %s", a.Cmd[0], timeout)
 	}
 	if stopped != nil {
+		log.InfoContext(ctx, "stopping command: SIGTERM to its process group", slog.Any("cause", stopped), slog.Duration("grace", grace))
 		syscall.Kill(-pgid, syscall.SIGTERM)
 		select {
 		case err = <-done:
 		case <-time.After(grace):
+			log.WarnContext(ctx, "command outlived its grace period: SIGKILL to its process group")
 			syscall.Kill(-pgid, syscall.SIGKILL)
 			err = <-done
 		}
 	}
+	log.DebugContext(ctx, "command ended", slog.Int("exit_code", cmd.ProcessState.ExitCode()), slog.Duration("took", time.Since(started)))
 	// Whatever the child left behind in its group goes too.
 	syscall.Kill(-pgid, syscall.SIGKILL)
 	if stopped != nil {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -78,11 +79,14 @@ func HTTP(client *http.Client) pool.Handler {
 		}
 		rctx, cancel := context.WithTimeout(ctx, timeout)
 		defer cancel()
+		log := pool.Logger(ctx).With(slog.String("method", req.Method), slog.String("url", logURL(req.URL)))
+		sent := time.Now()
 		resp, err := client.Do(req.WithContext(rctx))
 		if err != nil {
 			if cause := context.Cause(ctx); cause != nil {
 				return cause
 			}
+			log.InfoContext(ctx, "webhook not delivered", slog.Any("err", err), slog.Duration("took", time.Since(sent)))
 			werr := &cleanError{fmt.Sprintf("webhook %s %s", req.Method, redact(req.URL)), err}
 			var aerr *AddressError
 			if errors.As(err, &aerr) {
@@ -96,6 +100,11 @@ func HTTP(client *http.Client) pool.Handler {
 		// The job's output: the status and the start of the body, as clean text (any bytes the
 		// receiver sent: NUL, invalid UTF-8, binary), whatever the outcome.
 		job.SetOutput(HTTPOutput{Status: resp.StatusCode, Body: strings.TrimSpace(headText(head, httpBodyKept))})
+		level := slog.LevelDebug
+		if resp.StatusCode < 200 || resp.StatusCode >= 300 {
+			level = slog.LevelInfo
+		}
+		log.Log(ctx, level, "webhook answered", slog.Int("status", resp.StatusCode), slog.Duration("took", time.Since(sent)))
 		if resp.StatusCode >= 200 && resp.StatusCode < 300 {
 			return nil
 		}
@@ -285,4 +294,12 @@ func redact(u *url.URL) string {
 type HTTPOutput struct {
 	Status int    `json:"status"`
 	Body   string `json:"body"`
+}
+
+// logURL is u for logs, which travel further than the job's row: without user info, query or
+// fragment, where tokens live.
+func logURL(u *url.URL) string {
+	c := *u
+	c.User, c.RawQuery, c.ForceQuery, c.Fragment, c.RawFragment = nil, "", false, "", ""
+	return c.String()
 }

@@ -122,6 +122,11 @@ type DB interface {
 // of its own: it renews what its leases function returns (the worker's running jobs), so that
 // each claim is registered in exactly one place.
 type Keeper struct {
+	// OnEnd, when set before the first Hold, is called once for every lease that ends (with the
+	// cause its job's context is cancelled with), on the goroutine that ended it: it must not
+	// block.
+	OnEnd func(l *Lease, cause error)
+
 	leases  func() []*Lease
 	db      DB
 	cfg     Config
@@ -167,6 +172,9 @@ func (k *Keeper) Hold(parent context.Context, jobID, token int64, sentAt time.Ti
 // running out.
 func (k *Keeper) ended(l *Lease, cause error) {
 	k.metrics.countEnd(cause)
+	if k.OnEnd != nil {
+		k.OnEnd(l, cause)
+	}
 	if errors.Is(cause, ErrRenewalTimeout) {
 		k.log.Warn("lease renewal not confirmed in time; cancelling job before its lease can expire",
 			slog.Int64("job_id", l.JobID), slog.Int64("lease_token", l.Token))

@@ -275,7 +275,8 @@ func (p *Pool) start(cj *store.ClaimedJob, sentAt time.Time) {
 	ctx, l := p.keeper.Hold(p.jobsCtx, cj.ID, cj.Token, sentAt)
 	j := &Job{ID: cj.ID, Queue: cj.Queue, Kind: cj.Kind, Payload: cj.Payload, Priority: cj.Priority,
 		Attempt: int(cj.Attempt), MaxAttempts: int(cj.MaxAttempts), Token: cj.Token, CreatedAt: cj.CreatedAt,
-		RunAt: cj.RunAt, AttemptedAt: cj.AttemptedAt, lease: l, db: p.db, started: time.Now()}
+		RunAt: cj.RunAt, AttemptedAt: cj.AttemptedAt, lease: l, db: p.db, started: time.Now(),
+		TraceContext: decodeTraceContext(cj.TraceContext)}
 	if d := cmp.Or(cj.Timeout, p.cfg.Timeouts[cj.Kind]); d > 0 {
 		// Ends the lease: the handler's context is cancelled with the timeout, and the lease is
 		// no longer renewed, so a handler that ignores it is settled by a rescuer.

@@ -134,6 +134,9 @@ type Config struct {
 	Logger *slog.Logger
 	// Observer, when set, is told about each job as it finishes (for metrics).
 	Observer Observer
+	// Hooks wrap every attempt, in order (the first one's context is the outermost): tracing
+	// (module github.com/leashq/leash/otel) plugs in here. Default none.
+	Hooks []AttemptHook
 }
 
 // ConfigError names the Config field that broke a rule.

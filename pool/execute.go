@@ -14,7 +14,7 @@ import (
 // execute runs the handler and queues its outcome. It never returns an error: a failing job is
 // not a failing pool.
 func (p *Pool) execute(ctx context.Context, j *Job) {
-	err := stable(p.call(ctx, j))
+	err := stable(p.runAttempt(ctx, j))
 	dur := time.Since(j.started)
 	if j.timer != nil {
 		j.timer.Stop() // the handler returned: a timeout must not end the lease of a finished attempt
@@ -77,11 +77,13 @@ func (p *Pool) call(ctx context.Context, j *Job) (err error) {
 }
 
 func (p *Pool) observe(j *Job, state string, dur time.Duration, stale bool) {
+	ev := JobEvent{Queue: j.Queue, Kind: j.Kind, State: state, Duration: dur,
+		Pickup: j.pickup(), Stale: stale, Err: j.err, Cause: j.lease.Cause()}
+	p.endAttempt(j, ev)
 	if p.cfg.Observer == nil {
 		return
 	}
-	p.cfg.Observer.JobFinished(JobEvent{Queue: j.Queue, Kind: j.Kind, State: state, Duration: dur,
-		Pickup: j.pickup(), Stale: stale})
+	p.cfg.Observer.JobFinished(ev)
 }
 
 // drain waits for running handlers until grace is done, then cancels them with ErrShutdown;
@@ -123,6 +125,7 @@ func (p *Pool) drain(grace context.Context) {
 		p.metrics.Abandoned.Add(1)
 		p.log.Warn("handler ignores cancellation; abandoning its job to its lease, which a rescuer takes back when it expires",
 			slog.Int64("job_id", j.ID), slog.String("kind", j.Kind), slog.Int64("lease_token", j.Token))
+		p.abandonAttempt(j)
 		p.forget(j)
 		p.outcomes.Done()
 	}

@@ -120,4 +120,14 @@ type JobEvent struct {
 	Duration time.Duration
 	Pickup   time.Duration // from becoming runnable (created_at or run_at) to this attempt's start, database clock
 	Stale    bool          // the outcome was rejected by the lease fence and not written
+	// Err is what the handler returned (a panic as *PanicError); nil when it succeeded, and
+	// always in JobStarted events and for an abandoned handler, which has not returned.
+	Err error
+	// Cause is why the attempt's lease ended before it was settled, nil if it held: one of the
+	// causes in package lease (revoked, lost, renewal timeout, shutdown) or ErrTimeout. Match it
+	// with errors.Is.
+	Cause error
+	// Abandoned: the handler ignored cancellation at shutdown and the pool stopped without it;
+	// nothing was written and its lease is left to expire (State is "").
+	Abandoned bool
 }

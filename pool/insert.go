@@ -49,6 +49,12 @@ type InsertOpts struct {
 	// dedupes too. Zero: only unfinished jobs count. Checked in the inserting statement's own
 	// snapshot, so a job finishing at that very moment may let one insert through.
 	UniqueFinishedWithin time.Duration
+	// TraceContext is the enqueuer's W3C trace context carrier ("traceparent", "tracestate"),
+	// stored in the job's trace_context column for tracing workers; see TraceContext on Job.
+	// Usually filled from ctx by the helpers of module github.com/leashq/leash/otel. Nil stores
+	// NULL. Keys and values must be valid UTF-8 without NUL bytes, MaxTraceContextBytes at most
+	// as JSON.
+	TraceContext map[string]string
 }
 
 // ErrDuplicate is matched (errors.Is) by the error of an insert skipped because another job holds
@@ -107,9 +113,13 @@ func params(kind string, payload any, opts *InsertOpts) (store.InsertParams, err
 	if err != nil {
 		return store.InsertParams{}, fmt.Errorf("%w: kind %s: %v", ErrInvalidJob, kind, err)
 	}
+	trace, err := encodeTraceContext(o.TraceContext)
+	if err != nil {
+		return store.InsertParams{}, fmt.Errorf("%w: kind %s: %v", ErrInvalidJob, kind, err)
+	}
 	return store.InsertParams{Queue: cmp.Or(o.Queue, QueueDefault), Kind: kind, Payload: body, Priority: o.Priority,
 		MaxAttempts: int32(cmp.Or(o.MaxAttempts, MaxAttemptsDefault)), RunAt: o.RunAt, Delay: o.Delay, Timeout: o.Timeout,
-		UniqueKey: o.UniqueKey, UniqueWithin: o.UniqueFinishedWithin}, nil
+		UniqueKey: o.UniqueKey, UniqueWithin: o.UniqueFinishedWithin, TraceContext: trace}, nil
 }
 
 // validName reports whether s can be stored as PostgreSQL text.

@@ -37,8 +37,13 @@ type Job struct {
 	// RunAt is when the job became runnable (scheduled time, or retry time).
 	RunAt       time.Time
 	AttemptedAt time.Time
+	// TraceContext is the W3C trace context carrier the job was enqueued with (InsertOpts.
+	// TraceContext, or the trace_context column written by any client); nil when there is none
+	// or the column held something else than an object of strings.
+	TraceContext map[string]string
 
 	lease     *lease.Lease
+	err       error // what the handler returned, for AttemptObserver
 	db        DB
 	doneInTx  atomic.Bool
 	started   time.Time

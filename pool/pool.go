@@ -97,6 +97,7 @@ type Pool struct {
 
 	runningMu sync.Mutex
 	running   map[int64]*Job // every running attempt, by lease token; the one registry of claims
+	attempts  sync.Map       // lease token -> *attemptState, for attempts that Config.Hooks observe
 
 	started      atomic.Bool
 	shutdownOnce sync.Once
@@ -125,6 +126,9 @@ func New(db *pgxpool.Pool, cfg Config) (*Pool, error) {
 	p.revocations = newRecorder(p)
 	p.waiterID = cfg.ID + "/" + rand.Text()[:8]
 	p.keeper = lease.NewKeeper(controlDB{p}, cfg.leaseConfig(), p.leases, p.log, &p.metrics.Lease)
+	if len(cfg.Hooks) > 0 {
+		p.keeper.OnEnd = p.leaseEnded
+	}
 	p.group.SetLimit(cfg.Concurrency)
 	p.listener = p.newListener()
 	return p, nil

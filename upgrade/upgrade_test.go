@@ -172,9 +172,14 @@ func git(root string, args ...string) (string, error) {
 	return strings.TrimSpace(string(out)), nil
 }
 
-// goBuild builds dir's ./cmd/worker into bin.
+// goBuild builds dir's ./cmd/worker into bin: a package of the root module in early releases, a
+// module of its own (with OpenTelemetry) in later ones.
 func goBuild(dir, bin string, env ...string) error {
 	cmd := exec.Command("go", "build", "-o", bin, "./cmd/worker")
+	if _, err := os.Stat(filepath.Join(dir, "cmd", "worker", "go.mod")); err == nil {
+		cmd = exec.Command("go", "build", "-o", bin, ".")
+		dir = filepath.Join(dir, "cmd", "worker")
+	}
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), env...)
 	if out, err := cmd.CombinedOutput(); err != nil {

@@ -52,7 +52,8 @@ commands:
   demo      a guided tour on a private PostgreSQL (or DATABASE_URL): workload, revocation, summary
   version   print the release and the schema version this worker needs
 
-configuration is read from the environment; DATABASE_URL is required.
+configuration is read from the environment; DATABASE_URL is required. Tracing is on when
+OTEL_EXPORTER_OTLP_ENDPOINT (or OTEL_TRACES_EXPORTER=otlp) is set.
 `
 
 func main() {
@@ -88,7 +89,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	log := newLogger(e, stderr)
 	switch cmd {
 	case "run":
-		return cmdRun(ctx, e, log)
+		return cmdRun(ctx, e, getenv, log)
 	case "migrate":
 		return cmdMigrate(ctx, e, args, stdout, stderr)
 	case "enqueue":
@@ -155,7 +156,7 @@ func connect(ctx context.Context, e env) (*pgxpool.Pool, error) {
 	return db, nil
 }
 
-func cmdRun(ctx context.Context, e env, log *slog.Logger) error {
+func cmdRun(ctx context.Context, e env, getenv func(string) string, log *slog.Logger) error {
 	db, err := connect(ctx, e)
 	if err != nil {
 		return err
@@ -166,6 +167,11 @@ func cmdRun(ctx context.Context, e env, log *slog.Logger) error {
 	}
 	cfg := e.poolConfig()
 	cfg.Logger = log
+	stopTracing, err := startTracing(ctx, getenv, &cfg, log)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
 	if e.ListenDatabaseURL != "" {
 		lc, err := pgx.ParseConfig(e.ListenDatabaseURL)
 		if err != nil {

@@ -77,7 +77,7 @@ func RegisterPool(reg prometheus.Registerer, p *pool.Pool, db store.DBTX) {
 	reg.MustRegister(
 		gauge("leash_slots_busy", "Job slots running a handler.", func() float64 { return float64(p.Busy()) }),
 		gauge("leash_slots_idle", "Job slots free.", func() float64 { return concurrency - float64(p.Busy()) }),
-		labelled("leash_lease_renewals_total", "Lease renewals by outcome: succeeded, failed (statement error), lost (the row no longer held the lease).", "outcome",
+		labelled("leash_lease_renewals_total", "Lease renewals by outcome: succeeded, failed (statement error), lost (the row no longer held the lease), skipped (the row was locked by another transaction).", "outcome",
 			map[string]func() int64{"succeeded": m.Lease.RenewalsSucceeded.Load, "failed": m.Lease.RenewalsFailed.Load, "lost": m.Lease.RenewalsLost.Load,
 				"skipped": m.Lease.RenewalsSkipped.Load}),
 		labelled("leash_leases_ended_total", "Leases ended before their job finished, by cause.", "cause",
@@ -106,7 +106,7 @@ func RegisterPool(reg prometheus.Registerer, p *pool.Pool, db store.DBTX) {
 			}
 			return 0
 		}),
-		gauge("leash_notification_queue_usage", "Fraction of the server's notification queue in use (pg_notification_queue_usage).", func() float64 {
+		gauge("leash_notification_queue_usage", "Fraction of the server's notification queue in use, 0 to 1 (pg_notification_queue_usage); -1 when the database did not answer.", func() float64 {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			defer cancel()
 			u, err := store.NotificationQueueUsage(ctx, db)

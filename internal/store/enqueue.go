@@ -24,6 +24,8 @@ type InsertParams struct {
 	// unfinished (or, with UniqueWithin, finished less than that long ago).
 	UniqueKey    string
 	UniqueWithin time.Duration
+	// TraceContext is the W3C trace context carrier as a JSON object; nil stores NULL.
+	TraceContext []byte
 }
 
 func (p *InsertParams) scheduled() bool { return !p.RunAt.IsZero() || p.Delay > 0 }
@@ -32,10 +34,10 @@ func (p *InsertParams) scheduled() bool { return !p.RunAt.IsZero() || p.Delay > 
 // index, through ON CONFLICT DO NOTHING) or by a job finished less than $10 ms ago. It returns
 // no row when the key is taken.
 const insertSQL = `
-	INSERT INTO leash.jobs (queue, kind, payload, priority, max_attempts, run_at, timeout, unique_key)
+	INSERT INTO leash.jobs (queue, kind, payload, priority, max_attempts, run_at, timeout, unique_key, trace_context)
 	SELECT $1, $2, coalesce($3::jsonb, '{}'), $4,
 	       $5, coalesce($6, now() + $7 * interval '1 millisecond'),
-	       nullif($8, 0) * interval '1 millisecond', nullif($9, '')
+	       nullif($8, 0) * interval '1 millisecond', nullif($9, ''), $11::jsonb
 	WHERE $10::bigint <= 0 OR NOT EXISTS (
 		SELECT FROM leash.jobs f
 		WHERE f.unique_key = $9 AND f.state IN ('completed', 'failed', 'cancelled')
@@ -73,12 +75,13 @@ func InsertUnique(ctx context.Context, db DBTX, p InsertParams) (id int64, dupli
 	}
 	if p.UniqueKey == "" {
 		err = db.QueryRow(ctx, `
-			INSERT INTO leash.jobs (queue, kind, payload, priority, max_attempts, run_at, timeout)
+			INSERT INTO leash.jobs (queue, kind, payload, priority, max_attempts, run_at, timeout, trace_context)
 			VALUES ($1, $2, coalesce($3::jsonb, '{}'), $4,
 			        $5, coalesce($6, now() + $7 * interval '1 millisecond'),
-			        nullif($8, 0) * interval '1 millisecond')
+			        nullif($8, 0) * interval '1 millisecond', $9::jsonb)
 			RETURNING id`,
 			p.Queue, p.Kind, nullJSON(p.Payload), p.Priority, p.MaxAttempts, runAt, millis(p.Delay), millis(p.Timeout),
+			nullJSON(p.TraceContext),
 		).Scan(&id)
 		if err != nil {
 			return 0, false, fmt.Errorf("insert job: %w", err)
@@ -89,7 +92,7 @@ func InsertUnique(ctx context.Context, db DBTX, p InsertParams) (id int64, dupli
 	for range 5 {
 		err = db.QueryRow(ctx, insertSQL,
 			p.Queue, p.Kind, nullJSON(p.Payload), p.Priority, p.MaxAttempts, runAt, millis(p.Delay), millis(p.Timeout),
-			p.UniqueKey, millis(p.UniqueWithin),
+			p.UniqueKey, millis(p.UniqueWithin), nullJSON(p.TraceContext),
 		).Scan(&id)
 		if err == nil {
 			return id, false, nil
@@ -111,13 +114,13 @@ func InsertUnique(ctx context.Context, db DBTX, p InsertParams) (id int64, dupli
 // insertManyUniqueSQL adds many jobs in one statement, skipping each whose unique key is taken
 // (including by an earlier row of the same statement). COPY cannot skip conflicts.
 const insertManyUniqueSQL = `
-	INSERT INTO leash.jobs (queue, kind, payload, priority, max_attempts, run_at, timeout, unique_key)
+	INSERT INTO leash.jobs (queue, kind, payload, priority, max_attempts, run_at, timeout, unique_key, trace_context)
 	SELECT r.queue, r.kind, r.payload::jsonb, r.priority, r.max_attempts,
 	       coalesce(r.run_at, now() + r.delay_ms * interval '1 millisecond'),
-	       nullif(r.timeout_ms, 0) * interval '1 millisecond', nullif(r.unique_key, '')
+	       nullif(r.timeout_ms, 0) * interval '1 millisecond', nullif(r.unique_key, ''), r.trace_context::jsonb
 	FROM unnest($1::text[], $2::text[], $3::text[], $4::smallint[], $5::int[], $6::timestamptz[], $7::bigint[],
-	            $8::bigint[], $9::text[], $10::bigint[])
-	     AS r(queue, kind, payload, priority, max_attempts, run_at, delay_ms, timeout_ms, unique_key, within_ms)
+	            $8::bigint[], $9::text[], $10::bigint[], $11::text[])
+	     AS r(queue, kind, payload, priority, max_attempts, run_at, delay_ms, timeout_ms, unique_key, within_ms, trace_context)
 	WHERE r.within_ms <= 0 OR r.unique_key = '' OR NOT EXISTS (
 		SELECT FROM leash.jobs f
 		WHERE f.unique_key = r.unique_key AND f.state IN ('completed', 'failed', 'cancelled')
@@ -132,8 +135,13 @@ func insertManyUnique(ctx context.Context, db DBTX, ps []InsertParams) (int64, e
 	prios, attempts := make([]int16, n), make([]int32, n)
 	runAts := make([]*time.Time, n)
 	delays, timeouts, withins := make([]int64, n), make([]int64, n), make([]int64, n)
+	traces := make([]*string, n)
 	for i := range ps {
 		p := &ps[i]
+		if p.TraceContext != nil {
+			tc := string(p.TraceContext)
+			traces[i] = &tc
+		}
 		queues[i], kinds[i], keys[i] = p.Queue, p.Kind, p.UniqueKey
 		payloads[i] = "{}"
 		if p.Payload != nil {
@@ -145,7 +153,7 @@ func insertManyUnique(ctx context.Context, db DBTX, ps []InsertParams) (int64, e
 		}
 		delays[i], timeouts[i], withins[i] = millis(p.Delay), millis(p.Timeout), millis(p.UniqueWithin)
 	}
-	tag, err := db.Exec(ctx, insertManyUniqueSQL, queues, kinds, payloads, prios, attempts, runAts, delays, timeouts, keys, withins)
+	tag, err := db.Exec(ctx, insertManyUniqueSQL, queues, kinds, payloads, prios, attempts, runAts, delays, timeouts, keys, withins, traces)
 	if err != nil {
 		return 0, fmt.Errorf("insert jobs with unique keys: %w", err)
 	}
@@ -182,14 +190,18 @@ func InsertMany(ctx context.Context, db CopyDB, ps []InsertParams) (int64, error
 			return 0, fmt.Errorf("insert jobs with unique keys: %T cannot run queries", db)
 		}
 	}
-	scheduled, timeouts := false, false
+	scheduled, timeouts, traces := false, false, false
 	for i := range ps {
 		scheduled = scheduled || ps[i].scheduled()
 		timeouts = timeouts || ps[i].Timeout > 0
+		traces = traces || ps[i].TraceContext != nil
 	}
 	cols := []string{"queue", "kind", "payload", "priority", "max_attempts"}
 	if timeouts {
 		cols = append(cols, "timeout")
+	}
+	if traces {
+		cols = append(cols, "trace_context")
 	}
 	row := func(p *InsertParams) []any {
 		payload := p.Payload
@@ -199,6 +211,9 @@ func InsertMany(ctx context.Context, db CopyDB, ps []InsertParams) (int64, error
 		r := []any{p.Queue, p.Kind, string(payload), p.Priority, p.MaxAttempts}
 		if timeouts {
 			r = append(r, pgtype.Interval{Microseconds: p.Timeout.Microseconds(), Valid: p.Timeout > 0})
+		}
+		if traces {
+			r = append(r, nullJSON(p.TraceContext))
 		}
 		return r
 	}

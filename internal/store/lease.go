@@ -74,7 +74,14 @@ type ClaimedJob struct {
 	AttemptedAt time.Time
 	// Timeout is the job's own limit for one attempt; zero when the row has none.
 	Timeout time.Duration
+	// TraceContext is the row's trace_context as JSON text when it is an object of at most
+	// MaxTraceContextBytes (anything else any SQL client wrote reads as nil, never as an error).
+	TraceContext []byte
 }
+
+// MaxTraceContextBytes bounds the trace_context a claim reads back: a W3C traceparent is 55
+// bytes and a tracestate at most 512, so anything longer is not a trace context.
+const MaxTraceContextBytes = 4096
 
 const claimSQL = `
 	WITH picked AS (
@@ -92,20 +99,23 @@ const claimSQL = `
 	WHERE j.id = picked.id
 	RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.attempt, j.max_attempts, j.lease_token,
 	          j.created_at, j.run_at, j.attempted_at,
-	          coalesce(ceil(extract(epoch FROM j.timeout) * 1000)::bigint, 0)`
+	          coalesce(ceil(extract(epoch FROM j.timeout) * 1000)::bigint, 0),
+	          CASE WHEN jsonb_typeof(j.trace_context) = 'object'
+	                AND octet_length(j.trace_context::text) <= %d
+	               THEN j.trace_context::text END`
 
 // The claim of uncapped queues skips every queue whose leash.queues row pauses or caps it, as
 // seen by the statement's own snapshot: a pause committed before the claim began binds it,
 // whatever the worker believed. A capped queue is claimed by ClaimCapped instead.
 var (
 	claimOneQueueSQL = fmt.Sprintf(claimSQL, `queue = $1 AND NOT EXISTS (
-		SELECT FROM leash.queues q WHERE q.name = $1 AND (q.paused_at IS NOT NULL OR q.max_running IS NOT NULL))`)
+		SELECT FROM leash.queues q WHERE q.name = $1 AND (q.paused_at IS NOT NULL OR q.max_running IS NOT NULL))`, MaxTraceContextBytes)
 	claimOneQueueAfterSQL = fmt.Sprintf(claimSQL, `queue = $1 AND (priority, run_at, id) > ($5::smallint, $6::timestamptz, $7::bigint)
 		AND NOT EXISTS (
-		SELECT FROM leash.queues q WHERE q.name = $1 AND (q.paused_at IS NOT NULL OR q.max_running IS NOT NULL))`)
+		SELECT FROM leash.queues q WHERE q.name = $1 AND (q.paused_at IS NOT NULL OR q.max_running IS NOT NULL))`, MaxTraceContextBytes)
 	claimManyQueuesSQL = fmt.Sprintf(claimSQL, `queue = ANY(ARRAY(
 		SELECT unnest($1::text[]) EXCEPT
-		SELECT q.name FROM leash.queues q WHERE q.paused_at IS NOT NULL OR q.max_running IS NOT NULL))`)
+		SELECT q.name FROM leash.queues q WHERE q.paused_at IS NOT NULL OR q.max_running IS NOT NULL))`, MaxTraceContextBytes)
 )
 
 // claimCappedSQL claims from one queue that leash.queues may pause or cap. It runs after
@@ -126,7 +136,7 @@ var claimCappedSQL = strings.Replace(strings.Replace(claimSQL,
 	), picked AS (`, 1),
 	"LIMIT $2", "LIMIT (SELECT coalesce(min(n), 0) FROM room)", 1)
 
-var claimCappedOneSQL = fmt.Sprintf(claimCappedSQL, "queue = $1")
+var claimCappedOneSQL = fmt.Sprintf(claimCappedSQL, "queue = $1", MaxTraceContextBytes)
 
 // lockQueueSQL serializes the claims of one capped queue (and only of that queue, up to hash
 // collisions, which merely serialize two queues' claims) with a transaction-level advisory lock:
@@ -209,7 +219,7 @@ func scanClaimed(rows pgx.Rows, limit int) ([]ClaimedJob, error) {
 		var j ClaimedJob
 		var timeoutMS int64
 		if err := rows.Scan(&j.ID, &j.Queue, &j.Kind, &j.Payload, &j.Priority, &j.Attempt, &j.MaxAttempts,
-			&j.Token, &j.CreatedAt, &j.RunAt, &j.AttemptedAt, &timeoutMS); err != nil {
+			&j.Token, &j.CreatedAt, &j.RunAt, &j.AttemptedAt, &timeoutMS, &j.TraceContext); err != nil {
 			return nil, fmt.Errorf("claim jobs: %w", err)
 		}
 		j.Timeout = time.Duration(timeoutMS) * time.Millisecond

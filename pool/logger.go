@@ -1,0 +1,37 @@
+package pool
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+)
+
+// attemptKey is the context key of a running attempt's attemptInfo.
+type attemptKey struct{}
+
+// attemptInfo is what a handler's context carries about its attempt.
+type attemptInfo struct {
+	job  *Job
+	base *slog.Logger
+
+	once sync.Once
+	log  *slog.Logger
+}
+
+// Logger returns the logger for code running under ctx. In a handler's context (the ctx its
+// Handle gets, or any context derived from it) it is the pool's logger (Config.Logger, with the
+// worker's id) with the attempt attached as typed attributes: job_id and lease_token (int64),
+// kind and queue (string), attempt (int). Any other context gets slog.Default(), so code shared
+// between handlers and the rest of an application can log through Logger unconditionally.
+func Logger(ctx context.Context) *slog.Logger {
+	a, ok := ctx.Value(attemptKey{}).(*attemptInfo)
+	if !ok {
+		return slog.Default()
+	}
+	a.once.Do(func() {
+		j := a.job
+		a.log = a.base.With(slog.Int64("job_id", j.ID), slog.String("kind", j.Kind), slog.String("queue", j.Queue),
+			slog.Int("attempt", j.Attempt), slog.Int64("lease_token", j.Token))
+	})
+	return a.log
+}
