@@ -181,6 +181,9 @@ type claimScan struct {
 	fullCost time.Duration // how long the last claim from the front took
 }
 
+// cursorLag is how far behind the last job claimed a claim past the cursor starts.
+const cursorLag = 100 * time.Millisecond
+
 // fullEvery is how often a claim starts from the front: twenty times what such a claim costs,
 // so that it takes at most about 5% of the claim loop's time, however many dead index entries an
 // old snapshot keeps at the front; at least every 10ms and at most every 10 poll intervals.
@@ -195,7 +198,11 @@ func (p *Pool) claimUncapped(sctx context.Context, queues []string, limit int) (
 	sc := &p.scan
 	single := len(queues) == 1 && !p.cfg.ClaimFromFront
 	if single && sc.queue == queues[0] && sc.after != nil && time.Since(sc.lastFull) < sc.fullEvery(p.cfg.PollInterval) {
-		params.After = sc.after
+		// A little behind the last job claimed: an insert whose transaction began before that
+		// job's (run_at is its transaction's start) but committed after the claim lands just
+		// behind it, and is found now rather than at the next claim from the front. The price is
+		// a walk over the dead entries of cursorLag's worth of claimed jobs.
+		params.After = &store.ClaimCursor{Priority: sc.after.Priority, RunAt: sc.after.RunAt.Add(-cursorLag)}
 	}
 	if single && sc.queue != queues[0] {
 		sc.queue, sc.after = queues[0], nil
