@@ -20,13 +20,17 @@ var (
 	flagSustainRate    = flag.Int("sustain-rate", 7000, "jobs/s offered in the sustained-load scenario (about 70% of the burn-down capacity)")
 	flagSustainMinutes = flag.Int("sustain-minutes", 3, "minutes of each sustained-load run")
 	flagSustainRuns    = flag.String("sustain-runs", "as-is,xmin-held", "which sustained-load runs: as-is, xmin-held")
-	flagSustainSystems = flag.String("sustain-systems", "River tuned,leash", "systems in the sustained-load runs")
+	flagSustainSystems = flag.String("sustain-systems", "River tuned,leash", "systems in the sustained-load runs (also: "+leashFromFront+")")
 )
 
 // sustained: a steady offered rate from several producers for some minutes, once as is and once
 // with another session holding a snapshot open (the xmin horizon held back, as a long report
 // or a forgotten BEGIN does), for leash and River tuned. Per minute: completions and pickup
 // p50/p99; at the end: dead tuples and sizes.
+// leashFromFront is leash with every claim starting at the front of the index (the ablation of
+// claims past the cursor).
+const leashFromFront = "leash, claims from the front"
+
 func (b *bench) sustained(ctx context.Context) {
 	rate, minutes := *flagSustainRate, *flagSustainMinutes
 	runs := strings.Split(*flagSustainRuns, ",")
@@ -73,8 +77,11 @@ func (b *bench) sustainedRun(ctx context.Context, scenario, system string, rate,
 		_, err := pool.InsertMany(ctx, db, params)
 		return err
 	}
-	if system == "leash" {
+	if leashSystem := strings.HasPrefix(system, "leash"); leashSystem {
 		p := newLeash(db, 100, nil, nil)
+		if system == leashFromFront {
+			p = newLeashConfig(db, pool.Config{Concurrency: 100, ClaimFromFront: true})
+		}
 		go p.Run(ctx)
 		stop = func() { p.Shutdown(context.Background()) }
 	} else {
@@ -118,7 +125,7 @@ func (b *bench) sustainedRun(ctx context.Context, scenario, system string, rate,
 	drainUntil := time.Now().Add(time.Minute)
 	for time.Now().Before(drainUntil) {
 		q := "SELECT count(*) FROM river_job WHERE finalized_at IS NULL"
-		if system == "leash" {
+		if strings.HasPrefix(system, "leash") {
 			q = "SELECT count(*) FROM leash.jobs WHERE state NOT IN ('completed', 'failed', 'cancelled')"
 		}
 		var open int
@@ -156,8 +163,11 @@ func (b *bench) sustainedReport(ctx context.Context, db *pgxpool.Pool, scenario,
 	for m, lat := range perMinute {
 		slices.Sort(lat)
 		base := []string{}
-		if system == "leash" {
+		switch system {
+		case "leash":
 			base = []string{"River tuned"}
+		case leashFromFront:
+			base = []string{"leash"}
 		}
 		b.add(row{scenario: scenario, system: system, metric: fmt.Sprintf("min %d started", m+1), value: float64(len(lat)) / 60, unit: "jobs/s", baseline: base, higherBetter: true})
 		b.add(row{scenario: scenario, system: system, metric: fmt.Sprintf("min %d pickup p50", m+1), value: ms(percentile(lat, 50)), unit: "ms", baseline: base})

@@ -149,6 +149,16 @@ func (c *counter) JobFinished(pool.JobEvent) {
 }
 
 // newLeash returns a pool on db with its defaults but for concurrency, and the extra handlers.
+// newLeashConfig is a leash pool with cfg and the noop handler.
+func newLeashConfig(db *pgxpool.Pool, cfg pool.Config) *pool.Pool {
+	p, err := pool.New(db, cfg)
+	if err != nil {
+		fail(err)
+	}
+	p.Register("noop", pool.HandlerFunc(func(context.Context, *pool.Job) error { return nil }))
+	return p
+}
+
 func newLeash(db *pgxpool.Pool, concurrency int, obs pool.Observer, handlers map[string]pool.Handler) *pool.Pool {
 	p, err := pool.New(db, pool.Config{Concurrency: concurrency, Observer: obs})
 	if err != nil {
