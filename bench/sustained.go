@@ -29,7 +29,7 @@ var (
 // p50/p99; at the end: dead tuples and sizes.
 // leashFromFront is leash with every claim starting at the front of the index (the ablation of
 // claims past the cursor).
-const leashFromFront = "leash, claims from the front"
+const leashFromFront = "leash from the front"
 
 func (b *bench) sustained(ctx context.Context) {
 	rate, minutes := *flagSustainRate, *flagSustainMinutes
