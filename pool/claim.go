@@ -14,8 +14,9 @@ import (
 // claimLoop claims up to the number of free slots until ctx is done. While work flows it claims
 // again at once; after an empty claim it polls every IdlePollInterval; once it has found nothing
 // for WaitAfter it registers as waiting (so that inserts notify it), claims once more to close the
-// race with an insert that committed unseen, and then waits for a notification, a freed slot or
-// the PollInterval poll, which bounds that race. It unregisters as soon as it finds work again.
+// race with an insert that committed unseen (and again 1, 2, 4, ... 32 ms later, for an insert
+// still committing meanwhile), and then waits for a notification, a freed slot or the
+// PollInterval poll, which bounds that race. It unregisters as soon as it finds work again.
 func (p *Pool) claimLoop(ctx context.Context) {
 	poll := time.NewTimer(p.jitteredPoll())
 	defer poll.Stop()
@@ -53,9 +54,21 @@ func (p *Pool) claimLoop(ctx context.Context) {
 				continue // claim once more: an insert that did not see the registration is found now
 			}
 		}
-		quick := !full && !failed && !w.registered && !idleSince.IsZero()
-		if quick {
-			idle.Reset(p.cfg.IdlePollInterval)
+		var recheck time.Duration
+		switch {
+		case full || failed || idleSince.IsZero():
+		case !w.registered:
+			recheck = p.cfg.IdlePollInterval
+		case w.rechecks < registeredRechecks:
+			// Just registered: an insert whose trigger looked for waiters before the registration
+			// committed, and that committed after the claim that followed it, sent no
+			// notification. Its commit (a WAL flush) takes a few milliseconds: claim again at 1,
+			// 2, 4, ... 32 ms rather than leave it to the next poll.
+			recheck = time.Millisecond << w.rechecks
+			w.rechecks++
+		}
+		if recheck > 0 {
+			idle.Reset(recheck)
 		}
 		for waiting := true; waiting; {
 			select {
@@ -75,16 +88,20 @@ func (p *Pool) claimLoop(ctx context.Context) {
 				waiting = false
 			}
 		}
-		if quick {
+		if recheck > 0 {
 			idle.Stop()
 		}
 	}
 }
 
+// registeredRechecks is how many claims follow a fresh registration at 1, 2, 4, ... ms.
+const registeredRechecks = 6
+
 // waiting is the claim loop's registration as a worker waiting for work.
 type waiting struct {
 	p          *Pool
 	registered bool
+	rechecks   int // claims made since the registration (see registeredRechecks)
 }
 
 // register records (or refreshes) the registration; false when it could not.
@@ -100,6 +117,9 @@ func (w *waiting) register(ctx context.Context) bool {
 			p.log.WarnContext(ctx, "registering as waiting for work failed; polling instead", slog.Any("err", err))
 		}
 		return false
+	}
+	if !w.registered {
+		w.rechecks = 0
 	}
 	w.registered = true
 	return true
