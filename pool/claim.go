@@ -49,7 +49,8 @@ func (p *Pool) claimLoop(ctx context.Context) {
 				idleSince = time.Now()
 			}
 		}
-		if !full && !failed && !idleSince.IsZero() && !w.registered && time.Since(idleSince) >= p.cfg.WaitAfter {
+		waited := !idleSince.IsZero() && time.Since(idleSince) >= p.cfg.WaitAfter
+		if !full && !failed && waited && !w.registered && time.Now().After(w.retryAt) {
 			if w.register(ctx) {
 				continue // claim once more: an insert that did not see the registration is found now
 			}
@@ -57,6 +58,8 @@ func (p *Pool) claimLoop(ctx context.Context) {
 		var recheck time.Duration
 		switch {
 		case full || failed || idleSince.IsZero():
+		case !w.registered && waited:
+			// Registering failed (and is tried again at the next poll): poll, not spin.
 		case !w.registered:
 			recheck = p.cfg.IdlePollInterval
 		case w.rechecks < registeredRechecks:
@@ -101,7 +104,8 @@ const registeredRechecks = 6
 type waiting struct {
 	p          *Pool
 	registered bool
-	rechecks   int // claims made since the registration (see registeredRechecks)
+	rechecks   int       // claims made since the registration (see registeredRechecks)
+	retryAt    time.Time // after a failed registration, when to try again
 }
 
 // register records (or refreshes) the registration; false when it could not.
@@ -116,6 +120,7 @@ func (w *waiting) register(ctx context.Context) bool {
 		if ctx.Err() == nil {
 			p.log.WarnContext(ctx, "registering as waiting for work failed; polling instead", slog.Any("err", err))
 		}
+		w.retryAt = time.Now().Add(p.cfg.PollInterval)
 		return false
 	}
 	if !w.registered {
@@ -228,18 +233,24 @@ func (p *Pool) claimUncapped(sctx context.Context, queues []string, limit int) (
 		sc.queue, sc.after = queues[0], nil
 	}
 	began := time.Now()
+	var items []finishItem
+	var err error
 	defer func() {
-		if single && params.After == nil {
-			sc.lastFull, sc.fullCost = began, time.Since(began)
+		// Only a claim from the front that succeeded counts as one: while such claims fail
+		// (a statement timeout on a bloated index), every claim goes on trying from the front.
+		// Its cost is measured without outcomes riding along.
+		if single && params.After == nil && err == nil {
+			sc.lastFull = began
+			if len(items) == 0 {
+				sc.fullCost = time.Since(began)
+			}
 		}
 	}()
-	var items []finishItem
 	if p.cfg.OutcomesWithClaims {
 		items = p.takeOutcomes()
 	}
 	sentAt := time.Now()
 	var jobs []store.ClaimedJob
-	var err error
 	if len(items) == 0 {
 		jobs, err = store.Claim(sctx, p.control(), params)
 	} else {

@@ -2,12 +2,15 @@ package pool_test
 
 import (
 	"context"
+	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/leashq/leash/internal/pgtest"
+	"github.com/leashq/leash/internal/syncbuf"
 	"github.com/leashq/leash/pool"
 )
 
@@ -127,4 +130,30 @@ func TestWaitRaceEndsWithinOnePoll(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("job committed behind the registration never started")
 	}
+}
+
+// A worker that cannot register as waiting (no rights on leash.waiters, an older schema) polls at
+// its poll interval instead, rather than trying again every millisecond.
+func TestFailedRegistrationDoesNotSpin(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	ctx := context.Background()
+	if _, err := db.Exec(ctx, `
+		CREATE FUNCTION leash.no_waiters() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN RAISE EXCEPTION 'permission denied for table waiters'; END $$;
+		CREATE TRIGGER no_waiters BEFORE INSERT OR UPDATE ON leash.waiters FOR EACH ROW EXECUTE FUNCTION leash.no_waiters()`); err != nil {
+		t.Fatal(err)
+	}
+	var logs syncbuf.Buffer
+	cfg := fastConfig()
+	cfg.PollInterval = 200 * time.Millisecond
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	p, b := setup(t, db, cfg, map[string]pool.Handler{"noop": noop()})
+	start(t, p)
+	time.Sleep(time.Second) // an idle second: how often does it try?
+	if n := strings.Count(logs.String(), "registering as waiting for work failed"); n > 8 {
+		t.Fatalf("%d failed registrations in one second with a 200ms poll", n)
+	}
+	insert(t, db, "noop", nil, nil)
+	b.events.wait(t, 1, 10*time.Second) // found by the poll
 }

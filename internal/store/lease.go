@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // ClaimParams selects and leases runnable jobs.
@@ -75,13 +76,19 @@ type ClaimedJob struct {
 	// Timeout is the job's own limit for one attempt; zero when the row has none.
 	Timeout time.Duration
 	// TraceContext is the row's trace_context as JSON text when it is an object of at most
-	// MaxTraceContextBytes (anything else any SQL client wrote reads as nil, never as an error).
+	// twice MaxTraceContextBytes as jsonb text (anything else any SQL client wrote reads as nil,
+	// never as an error).
 	TraceContext []byte
 }
 
 // MaxTraceContextBytes bounds the trace_context a claim reads back: a W3C traceparent is 55
 // bytes and a tracestate at most 512, so anything longer is not a trace context.
 const MaxTraceContextBytes = 4096
+
+// claimTraceContextBytes is the bound as the claim measures it, on jsonb's own text, which spaces
+// out what an insert measured compactly (": " and ", "): room for that, never an accepted trace
+// context read back as none.
+const claimTraceContextBytes = 2 * MaxTraceContextBytes
 
 const claimSQL = `
 	WITH picked AS (
@@ -109,13 +116,13 @@ const claimSQL = `
 // whatever the worker believed. A capped queue is claimed by ClaimCapped instead.
 var (
 	claimOneQueueSQL = fmt.Sprintf(claimSQL, `queue = $1 AND NOT EXISTS (
-		SELECT FROM leash.queues q WHERE q.name = $1 AND (q.paused_at IS NOT NULL OR q.max_running IS NOT NULL))`, MaxTraceContextBytes)
+		SELECT FROM leash.queues q WHERE q.name = $1 AND (q.paused_at IS NOT NULL OR q.max_running IS NOT NULL))`, claimTraceContextBytes)
 	claimOneQueueAfterSQL = fmt.Sprintf(claimSQL, `queue = $1 AND (priority, run_at, id) > ($5::smallint, $6::timestamptz, $7::bigint)
 		AND NOT EXISTS (
-		SELECT FROM leash.queues q WHERE q.name = $1 AND (q.paused_at IS NOT NULL OR q.max_running IS NOT NULL))`, MaxTraceContextBytes)
+		SELECT FROM leash.queues q WHERE q.name = $1 AND (q.paused_at IS NOT NULL OR q.max_running IS NOT NULL))`, claimTraceContextBytes)
 	claimManyQueuesSQL = fmt.Sprintf(claimSQL, `queue = ANY(ARRAY(
 		SELECT unnest($1::text[]) EXCEPT
-		SELECT q.name FROM leash.queues q WHERE q.paused_at IS NOT NULL OR q.max_running IS NOT NULL))`, MaxTraceContextBytes)
+		SELECT q.name FROM leash.queues q WHERE q.paused_at IS NOT NULL OR q.max_running IS NOT NULL))`, claimTraceContextBytes)
 )
 
 // claimCappedSQL claims from one queue that leash.queues may pause or cap. It runs after
@@ -136,7 +143,7 @@ var claimCappedSQL = strings.Replace(strings.Replace(claimSQL,
 	), picked AS (`, 1),
 	"LIMIT $2", "LIMIT (SELECT coalesce(min(n), 0) FROM room)", 1)
 
-var claimCappedOneSQL = fmt.Sprintf(claimCappedSQL, "queue = $1", MaxTraceContextBytes)
+var claimCappedOneSQL = fmt.Sprintf(claimCappedSQL, "queue = $1", claimTraceContextBytes)
 
 // lockQueueSQL serializes the claims of one capped queue (and only of that queue, up to hash
 // collisions, which merely serialize two queues' claims) with a transaction-level advisory lock:
@@ -218,10 +225,15 @@ func scanClaimed(rows pgx.Rows, limit int) ([]ClaimedJob, error) {
 	for rows.Next() {
 		var j ClaimedJob
 		var timeoutMS int64
+		// The claim has leased these rows already: a scan that failed would strand them until
+		// their leases expired. Timestamps written by any SQL client may be ±infinity, which
+		// time.Time cannot hold: they are read through pgtype.
+		var created, runAt, attempted pgtype.Timestamptz
 		if err := rows.Scan(&j.ID, &j.Queue, &j.Kind, &j.Payload, &j.Priority, &j.Attempt, &j.MaxAttempts,
-			&j.Token, &j.CreatedAt, &j.RunAt, &j.AttemptedAt, &timeoutMS, &j.TraceContext); err != nil {
+			&j.Token, &created, &runAt, &attempted, &timeoutMS, &j.TraceContext); err != nil {
 			return nil, fmt.Errorf("claim jobs: %w", err)
 		}
+		j.CreatedAt, j.RunAt, j.AttemptedAt = finiteTime(created), finiteTime(runAt), finiteTime(attempted)
 		j.Timeout = time.Duration(timeoutMS) * time.Millisecond
 		jobs = append(jobs, j)
 	}
@@ -229,6 +241,15 @@ func scanClaimed(rows pgx.Rows, limit int) ([]ClaimedJob, error) {
 		return nil, fmt.Errorf("claim jobs: %w", err)
 	}
 	return jobs, nil
+}
+
+// finiteTime reads a timestamptz as a time.Time: -infinity (and NULL) as the zero time, infinity
+// as Never.
+func finiteTime(t pgtype.Timestamptz) time.Time {
+	if p := timestamptz(t); p != nil {
+		return *p
+	}
+	return time.Time{}
 }
 
 // Batcher sends statements in one round trip.

@@ -373,3 +373,22 @@ func TestClaimAfterCursor(t *testing.T) {
 		t.Fatalf("claim from the front: %+v, %v", again, err)
 	}
 }
+
+// Rows with timestamps any SQL client may write (±infinity) are claimed like any other: a scan
+// that failed after the claim committed would strand the whole batch until its leases expired.
+func TestClaimReadsInfiniteTimestamps(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	ctx := context.Background()
+	if _, err := db.Exec(ctx, `INSERT INTO leash.jobs (queue, kind, run_at, created_at) VALUES
+		('inf', 'k', '-infinity', 'infinity'), ('inf', 'k', now(), '-infinity'), ('inf', 'k', now(), now())`); err != nil {
+		t.Fatal(err)
+	}
+	jobs, err := store.Claim(ctx, db, store.ClaimParams{Queues: []string{"inf"}, Limit: 10, WorkerID: "w", Lease: time.Minute})
+	if err != nil || len(jobs) != 3 {
+		t.Fatalf("claim: %d jobs, %v; want all 3", len(jobs), err)
+	}
+	if c := store.LastClaimed(jobs); c == nil {
+		t.Fatal("no cursor from claimed jobs")
+	}
+}
