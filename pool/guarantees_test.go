@@ -344,14 +344,17 @@ func TestShutdownSettlesEveryOutcomeOnce(t *testing.T) {
 	cfg := fastConfig()
 	cfg.Concurrency = 50
 	cfg.ShutdownTimeout = 50 * time.Millisecond
-	cfg.ShutdownStallWait = 30 * time.Millisecond
+	cfg.ShutdownStallWait = 75 * time.Millisecond
 	var started atomic.Int32
 	var returned atomic.Int32
+	stopping := make(chan struct{})
 	p, b := setup(t, nil, cfg, map[string]pool.Handler{"late": pool.HandlerFunc(func(ctx context.Context, j *pool.Job) error {
 		started.Add(1)
 		defer returned.Add(1)
-		// Ignore cancellation for a while around the stall deadline, then return.
-		time.Sleep(time.Duration(60+j.ID%50) * time.Millisecond)
+		// Ignore cancellation for a while around the stall deadline (counted from the start of
+		// the shutdown, however late the last handler started), then return.
+		<-stopping
+		time.Sleep(time.Duration(100+j.ID%50) * time.Millisecond) // cancelled at 50 ms, abandoned from 125 ms
 		return ctx.Err()
 	})})
 	for range 50 {
@@ -362,6 +365,7 @@ func TestShutdownSettlesEveryOutcomeOnce(t *testing.T) {
 	waitFor(t, 10*time.Second, func() bool { return started.Load() == 50 })
 	grace, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
 	defer cancel()
+	close(stopping)
 	p.Shutdown(grace)
 	if err := <-done; err != nil {
 		t.Fatal(err)
