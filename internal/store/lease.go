@@ -90,14 +90,8 @@ const MaxTraceContextBytes = 4096
 // context read back as none.
 const claimTraceContextBytes = 2 * MaxTraceContextBytes
 
-const claimSQL = `
-	WITH picked AS (
-		SELECT id FROM leash.jobs
-		WHERE state IN ('available', 'retryable') AND %s AND run_at <= now() AND revoked_at IS NULL
-		ORDER BY priority, run_at, id
-		LIMIT $2
-		FOR UPDATE SKIP LOCKED
-	)
+// claimTail leases the picked rows and returns them.
+const claimTail = `
 	UPDATE leash.jobs j
 	SET state = 'running', attempt = j.attempt + 1, lease_token = nextval('leash.lease_tokens'),
 	    leased_by = $3, lease_expires_at = now() + $4 * interval '1 millisecond',
@@ -111,6 +105,15 @@ const claimSQL = `
 	                AND octet_length(j.trace_context::text) <= %d
 	               THEN j.trace_context::text END`
 
+const claimSQL = `
+	WITH picked AS (
+		SELECT id FROM leash.jobs
+		WHERE state IN ('available', 'retryable') AND %s AND run_at <= now() AND revoked_at IS NULL
+		ORDER BY priority, run_at, id
+		LIMIT $2
+		FOR UPDATE SKIP LOCKED
+	)` + claimTail
+
 // The claim of uncapped queues skips every queue whose leash.queues row pauses or caps it, as
 // seen by the statement's own snapshot: a pause committed before the claim began binds it,
 // whatever the worker believed. A capped queue is claimed by ClaimCapped instead.
@@ -120,9 +123,24 @@ var (
 	claimOneQueueAfterSQL = fmt.Sprintf(claimSQL, `queue = $1 AND (priority, run_at, id) > ($5::smallint, $6::timestamptz, $7::bigint)
 		AND NOT EXISTS (
 		SELECT FROM leash.queues q WHERE q.name = $1 AND (q.paused_at IS NOT NULL OR q.max_running IS NOT NULL))`, claimTraceContextBytes)
-	claimManyQueuesSQL = fmt.Sprintf(claimSQL, `queue = ANY(ARRAY(
-		SELECT unnest($1::text[]) EXCEPT
-		SELECT q.name FROM leash.queues q WHERE q.paused_at IS NOT NULL OR q.max_running IS NOT NULL))`, claimTraceContextBytes)
+	// Several queues: the head of each active queue through its own index scan (LATERAL), then
+	// the first $2 of those heads in claim order. One scan across the queues (queue = ANY(...))
+	// is planned as a bitmap scan and a sort of every queued row of them. Heads locked but not
+	// taken are unlocked at commit, a few milliseconds later, still available.
+	claimManyQueuesSQL = fmt.Sprintf(`
+	WITH heads AS (
+		SELECT h.id, h.priority, h.run_at
+		FROM (SELECT unnest($1::text[]) EXCEPT
+		      SELECT q.name FROM leash.queues q WHERE q.paused_at IS NOT NULL OR q.max_running IS NOT NULL) AS a(name)
+		CROSS JOIN LATERAL (
+			SELECT id, priority, run_at FROM leash.jobs
+			WHERE state IN ('available', 'retryable') AND queue = a.name AND run_at <= now() AND revoked_at IS NULL
+			ORDER BY priority, run_at, id
+			LIMIT $2
+			FOR UPDATE SKIP LOCKED) h
+	), picked AS (
+		SELECT id FROM heads ORDER BY priority, run_at, id LIMIT $2
+	)`+claimTail, claimTraceContextBytes)
 )
 
 // claimCappedSQL claims from one queue that leash.queues may pause or cap. It runs after

@@ -392,3 +392,34 @@ func TestClaimReadsInfiniteTimestamps(t *testing.T) {
 		t.Fatal("no cursor from claimed jobs")
 	}
 }
+
+// A claim of several queues takes the heads of all of them in claim order (priority, run_at, id
+// across the queues), and nothing of a paused queue.
+func TestClaimManyQueuesInOrder(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	ctx := context.Background()
+	if _, err := db.Exec(ctx, `
+		INSERT INTO leash.jobs (queue, kind, priority) SELECT 'low', 'k', 5 FROM generate_series(1, 50);
+		INSERT INTO leash.jobs (queue, kind, priority) SELECT 'high', 'k', 0 FROM generate_series(1, 3);
+		INSERT INTO leash.jobs (queue, kind, priority) SELECT 'held', 'k', -9 FROM generate_series(1, 3);
+		SELECT leash.pause_queue('held')`); err != nil {
+		t.Fatal(err)
+	}
+	jobs, err := store.Claim(ctx, db, store.ClaimParams{Queues: []string{"low", "high", "held"}, Limit: 5, WorkerID: "w", Lease: time.Minute})
+	if err != nil || len(jobs) != 5 {
+		t.Fatalf("claim: %d jobs, %v", len(jobs), err)
+	}
+	byQueue := map[string]int{}
+	for _, j := range jobs {
+		byQueue[j.Queue]++
+	}
+	if byQueue["high"] != 3 || byQueue["low"] != 2 || byQueue["held"] != 0 {
+		t.Fatalf("claimed by queue %v; want the 3 of high (priority 0), then 2 of low, none of the paused queue", byQueue)
+	}
+	var available int
+	db.QueryRow(ctx, `SELECT count(*) FROM leash.jobs WHERE queue = 'low' AND state = 'available'`).Scan(&available)
+	if available != 48 {
+		t.Fatalf("%d of low still available; want 48 (heads locked but not taken are released)", available)
+	}
+}
