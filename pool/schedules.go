@@ -1,7 +1,6 @@
 package pool
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -183,7 +182,7 @@ func ListSchedules(ctx context.Context, db DB) ([]ScheduleState, error) {
 	for i, r := range rows {
 		out[i] = ScheduleState{Name: r.Name, Spec: r.Spec, Kind: r.Kind, Payload: r.Payload, Queue: r.Queue,
 			Priority: r.Priority, MaxAttempts: int(r.MaxAttempts), Timeout: r.Timeout, NextRunAt: r.NextRunAt,
-			LastRunAt: r.LastRunAt, LastJobID: r.LastJobID, LastError: cmp.Or(deref(r.LastError), "")}
+			LastRunAt: r.LastRunAt, LastJobID: r.LastJobID, LastError: deref(r.LastError)}
 	}
 	return out, nil
 }
