@@ -74,9 +74,9 @@ func cmdRevoke(ctx context.Context, e env, args []string, stdout, stderr io.Writ
 	if idArg == "" && fs.NArg() > 0 {
 		idArg = fs.Arg(0)
 	}
-	id, err := strconv.ParseInt(idArg, 10, 64)
-	if err != nil || id <= 0 {
-		return fmt.Errorf("revoke: need a job id, got %q", idArg)
+	id, err := parseJobID("revoke", idArg)
+	if err != nil {
+		return err
 	}
 	db, err := connect(ctx, e)
 	if err != nil {
@@ -101,8 +101,8 @@ func cmdStatus(ctx context.Context, e env, args []string, stdout io.Writer) erro
 	var id int64
 	if len(args) == 1 {
 		var err error
-		if id, err = strconv.ParseInt(args[0], 10, 64); err != nil || id <= 0 {
-			return fmt.Errorf("status: need a job id, got %s", printable(args[0]))
+		if id, err = parseJobID("status", args[0]); err != nil {
+			return err
 		}
 	}
 	db, err := connect(ctx, e)
@@ -197,4 +197,13 @@ func terminalSafe(s string) string {
 		}
 		return r
 	}, s)
+}
+
+// parseJobID reads a job id given to command cmd: a positive whole number.
+func parseJobID(cmd, s string) (int64, error) {
+	id, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || id <= 0 {
+		return 0, fmt.Errorf("%s: need a job id (a positive whole number), got %q", cmd, s)
+	}
+	return id, nil
 }

@@ -110,9 +110,9 @@ func cmdRetry(ctx context.Context, e env, args []string, stdout io.Writer) error
 	if len(args) != 1 {
 		return fmt.Errorf("retry: need one job id: worker retry ID")
 	}
-	id, err := strconv.ParseInt(args[0], 10, 64)
-	if err != nil || id <= 0 {
-		return fmt.Errorf("retry: need a job id, got %q", printable(args[0]))
+	id, err := parseJobID("retry", args[0])
+	if err != nil {
+		return err
 	}
 	db, err := connect(ctx, e)
 	if err != nil {
