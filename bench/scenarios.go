@@ -492,6 +492,9 @@ func (b *bench) ablation(ctx context.Context) {
 		cfg  pool.Config
 	}{
 		{"leash defaults", pool.Config{}},
+		{"leash, claims not gathered", pool.Config{ClaimGather: -1}},
+		{"leash, two claims in flight", pool.Config{ClaimsInFlight: 2}},
+		{"leash, every claim from the front", pool.Config{ClaimFromFront: true}},
 		{"leash, outcomes with the next claim", pool.Config{OutcomesWithClaims: true}},
 		{"leash, outcomes not gathered (1µs window)", pool.Config{FinishFlushInterval: time.Microsecond}},
 		{"leash, 10 slots", pool.Config{Concurrency: 10}},

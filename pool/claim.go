@@ -6,17 +6,21 @@ import (
 	"errors"
 	"log/slog"
 	"math/rand/v2"
+	"sync"
 	"time"
 
 	"github.com/leashq/leash/internal/store"
 )
 
 // claimLoop claims up to the number of free slots until ctx is done. While work flows it claims
-// again at once; after an empty claim it polls every IdlePollInterval; once it has found nothing
-// for WaitAfter it registers as waiting (so that inserts notify it), claims once more to close the
-// race with an insert that committed unseen (and again 1, 2, 4, ... 32 ms later, for an insert
-// still committing meanwhile), and then waits for a notification, a freed slot or the
-// PollInterval poll, which bounds that race. It unregisters as soon as it finds work again.
+// again at once, with up to ClaimsInFlight claims in flight, each for its share of the slots
+// (after a claim that took all it asked for, it lets slots free up for at most ClaimGather, so
+// that the next claim takes many jobs in one commit); after an empty claim it polls every IdlePollInterval, one claim at a time; once it has found
+// nothing for WaitAfter it registers as waiting (so that inserts notify it), claims once more to
+// close the race with an insert that committed unseen (and again 1, 2, 4, ... 32 ms later, for an
+// insert still committing meanwhile), and then waits for a notification, a freed slot or the
+// PollInterval poll, which bounds that race. It unregisters as soon as it finds work again. It
+// returns only once every claim it started has returned and started its jobs.
 func (p *Pool) claimLoop(ctx context.Context) {
 	poll := time.NewTimer(p.jitteredPoll())
 	defer poll.Stop()
@@ -25,38 +29,96 @@ func (p *Pool) claimLoop(ctx context.Context) {
 	defer idle.Stop()
 	w := &waiting{p: p}
 	defer w.unregister()
+	c := &claimsInFlight{results: make(chan claimResult, p.cfg.ClaimsInFlight)}
+	defer c.wait()
 	var idleSince time.Time // zero while work flows
+	claimNow := true        // false after an empty or failed claim, until a wake-up or timer
+	failed := false         // the last claim failed: wait for a wake-up or the poll
+	woken := false          // a notification arrived while a claim was in flight
+	saturated := false      // the last claim took every slot it asked for: jobs are waiting
+	var gatherUntil time.Time
 	for {
-		free := p.cfg.Concurrency - int(p.active.Load())
-		full, failed := free <= 0, false
-		if !full && p.keeper.Healthy() {
-			n, err := p.claim(ctx, free)
-			switch {
-			case err != nil:
-				if ctx.Err() != nil {
-					return
-				}
-				p.log.WarnContext(ctx, "claiming jobs failed", slog.Any("err", err))
-				failed = true
-			case n > 0:
-				idleSince = time.Time{}
-				w.unregister()
-				full = n == free
-				if !full {
-					continue // more may be there: claim again at once
-				}
-			case idleSince.IsZero():
-				idleSince = time.Now()
-			}
+		// Start claims: several while work flows, one at a time otherwise.
+		k := 1
+		if idleSince.IsZero() && !failed && !p.queues.anyCapped() {
+			k = p.cfg.ClaimsInFlight
 		}
+		gathering := false
+		share := (p.cfg.Concurrency + k - 1) / k // what one claim asks for at most
+		for claimNow && c.n < k && p.keeper.Healthy() {
+			free := p.cfg.Concurrency - int(p.active.Load()) - c.reserved
+			if free <= 0 {
+				break
+			}
+			if saturated && free < share && p.cfg.ClaimGather > 0 {
+				// Jobs are waiting and some slots are still busy: let more free up for a moment
+				// (ClaimGather from the first), so that one claim and one commit take many jobs
+				// rather than each few.
+				now := time.Now()
+				if gatherUntil.IsZero() {
+					gatherUntil = now.Add(p.cfg.ClaimGather)
+				}
+				if now.Before(gatherUntil) {
+					gathering = true
+					break
+				}
+			}
+			gatherUntil = time.Time{}
+			free = min(free, share)
+			c.start(ctx, p, free)
+		}
+		if c.n > 0 {
+			// Wait for a claim to return, or for a reason to start another.
+			select {
+			case <-ctx.Done():
+				return
+			case r := <-c.results:
+				c.done(r)
+				switch {
+				case r.err != nil:
+					if ctx.Err() != nil {
+						return
+					}
+					p.log.WarnContext(ctx, "claiming jobs failed", slog.Any("err", r.err))
+					failed, claimNow, saturated = true, false, false
+				case r.n > 0:
+					idleSince, failed, claimNow = time.Time{}, false, true
+					saturated = r.n == r.limit
+					w.unregister()
+				default:
+					failed, saturated = false, false
+					if idleSince.IsZero() {
+						idleSince = time.Now()
+					}
+					// A notification that came while the claim ran may be for a job it missed.
+					claimNow, woken = woken, false
+				}
+			case <-p.wake:
+				woken, claimNow = true, true
+			case <-p.slotWake:
+				claimNow = true
+			case <-poll.C:
+				poll.Reset(p.jitteredPoll())
+				if w.registered {
+					w.register(ctx)
+				}
+				claimNow = true
+			}
+			continue
+		}
+		free := p.cfg.Concurrency - int(p.active.Load())
+		full := free <= 0
 		waited := !idleSince.IsZero() && time.Since(idleSince) >= p.cfg.WaitAfter
 		if !full && !failed && waited && !w.registered && time.Now().After(w.retryAt) {
 			if w.register(ctx) {
+				claimNow = true
 				continue // claim once more: an insert that did not see the registration is found now
 			}
 		}
 		var recheck time.Duration
 		switch {
+		case gathering:
+			recheck = max(time.Until(gatherUntil), time.Microsecond)
 		case full || failed || idleSince.IsZero():
 		case !w.registered && waited:
 			// Registering failed (and is tried again at the next poll): poll, not spin.
@@ -73,27 +135,60 @@ func (p *Pool) claimLoop(ctx context.Context) {
 		if recheck > 0 {
 			idle.Reset(recheck)
 		}
-		for waiting := true; waiting; {
-			select {
-			case <-ctx.Done():
-				return
-			case <-p.wake:
-				waiting = false
-			case <-p.slotWake:
-				waiting = false
-			case <-idle.C:
-				waiting = false
-			case <-poll.C:
-				poll.Reset(p.jitteredPoll())
-				if w.registered {
-					w.register(ctx) // refresh before it expires
-				}
-				waiting = false
+		select {
+		case <-ctx.Done():
+			return
+		case <-p.wake:
+		case <-p.slotWake:
+		case <-idle.C:
+		case <-poll.C:
+			poll.Reset(p.jitteredPoll())
+			if w.registered {
+				w.register(ctx) // refresh before it expires
 			}
 		}
+		claimNow, woken = true, false
 		if recheck > 0 {
 			idle.Stop()
 		}
+	}
+}
+
+// claimResult is what one claim in flight returned.
+type claimResult struct {
+	limit, n int
+	err      error
+}
+
+// claimsInFlight tracks the claim loop's claims in flight; only the claim loop uses it.
+type claimsInFlight struct {
+	n        int // claims in flight
+	reserved int // slots they asked for: not free for another claim until they return
+	results  chan claimResult
+}
+
+// start claims up to limit jobs in the background; its result arrives on c.results once the
+// jobs it claimed have started.
+func (c *claimsInFlight) start(ctx context.Context, p *Pool, limit int) {
+	c.n++
+	c.reserved += limit
+	go func() {
+		n, err := p.claim(ctx, limit)
+		c.results <- claimResult{limit: limit, n: n, err: err}
+	}()
+}
+
+// done accounts for a returned claim.
+func (c *claimsInFlight) done(r claimResult) {
+	c.n--
+	c.reserved -= r.limit
+}
+
+// wait waits for every claim in flight: the jobs they claim are started (and handed back at
+// shutdown), never stranded.
+func (c *claimsInFlight) wait() {
+	for ; c.n > 0; c.n-- {
+		<-c.results
 	}
 }
 
@@ -198,8 +293,9 @@ func (p *Pool) claim(ctx context.Context, limit int) (int, error) {
 // claimScan is where the claim loop's index scan of a single queue starts (see
 // store.ClaimCursor): past the last job it claimed, except for a claim from the front at least
 // every fullEvery, which finds jobs that became runnable before the cursor (a higher priority, a
-// run_at in the past, a claim rolled back). It is used by the claim loop's goroutine only.
+// run_at in the past, a claim rolled back). Claims in flight at once share it.
 type claimScan struct {
+	mu       sync.Mutex
 	queue    string
 	after    *store.ClaimCursor
 	lastFull time.Time
@@ -222,16 +318,21 @@ func (p *Pool) claimUncapped(sctx context.Context, queues []string, limit int) (
 	params := store.ClaimParams{Queues: queues, Limit: limit, WorkerID: p.cfg.ID, Lease: p.cfg.LeaseDuration}
 	sc := &p.scan
 	single := len(queues) == 1 && !p.cfg.ClaimFromFront
+	sc.mu.Lock()
 	if single && sc.queue == queues[0] && sc.after != nil && time.Since(sc.lastFull) < sc.fullEvery(p.cfg.PollInterval) {
-		// A little behind the last job claimed: an insert whose transaction began before that
-		// job's (run_at is its transaction's start) but committed after the claim lands just
-		// behind it, and is found now rather than at the next claim from the front. The price is
-		// a walk over the dead entries of cursorLag's worth of claimed jobs.
-		params.After = &store.ClaimCursor{Priority: sc.after.Priority, RunAt: sc.after.RunAt.Add(-cursorLag)}
+		// Past the last job claimed, and cursorLag behind it within its priority: an insert whose
+		// transaction began before that job's (run_at is its transaction's start) but committed
+		// after the claim lands just behind it, and is found now rather than at the next claim
+		// from the front. The price is a walk over the dead entries of cursorLag's worth of
+		// claimed jobs with an earlier run_at; those with the same run_at (a COPY's thousands)
+		// are skipped.
+		after := *sc.after
+		params.After, params.Lag = &after, cursorLag
 	}
 	if single && sc.queue != queues[0] {
 		sc.queue, sc.after = queues[0], nil
 	}
+	sc.mu.Unlock()
 	began := time.Now()
 	var items []finishItem
 	var err error
@@ -240,10 +341,12 @@ func (p *Pool) claimUncapped(sctx context.Context, queues []string, limit int) (
 		// (a statement timeout on a bloated index), every claim goes on trying from the front.
 		// Its cost is measured without outcomes riding along.
 		if single && params.After == nil && err == nil {
+			sc.mu.Lock()
 			sc.lastFull = began
 			if len(items) == 0 {
 				sc.fullCost = time.Since(began)
 			}
+			sc.mu.Unlock()
 		}
 	}()
 	if p.cfg.OutcomesWithClaims {
@@ -279,9 +382,11 @@ func (p *Pool) claimUncapped(sctx context.Context, queues []string, limit int) (
 		// From the front, the cursor goes to what was found (perhaps back, to a job that became
 		// runnable ahead of it); past the cursor, it only moves on. A claim that finds nothing
 		// keeps it: nothing runnable is left behind it.
-		if params.After == nil || sc.after.Less(*last) {
+		sc.mu.Lock()
+		if params.After == nil || sc.after == nil || sc.after.Less(*last) {
 			sc.after = last
 		}
+		sc.mu.Unlock()
 	}
 	p.startAll(jobs, sentAt)
 	return len(jobs), nil

@@ -23,6 +23,8 @@ const (
 	PollIntervalDefault     = time.Second
 	IdlePollIntervalDefault = time.Millisecond
 	WaitAfterDefault        = 5 * time.Millisecond
+	ClaimsInFlightDefault   = 1
+	ClaimGatherDefault      = time.Millisecond
 	ShutdownTimeoutDefault  = 30 * time.Second
 	FinishFlushDefault      = 2 * time.Millisecond
 	FinishBatchDefault      = 1000
@@ -76,6 +78,16 @@ type Config struct {
 	// claims and outcomes commit side by side on two connections (see README, Performance).
 	// Default false.
 	OutcomesWithClaims bool
+	// ClaimsInFlight is how many claims a worker keeps in flight at once while work flows, each
+	// for its share of the slots, on its own control connection: while one claim commits
+	// (waiting on the WAL flush), the next one already runs. A worker looking for work, or one
+	// serving a capped queue, claims one at a time. Default 2; 1 claims strictly one at a time.
+	ClaimsInFlight int
+	// ClaimGather is how long a worker whose last claim took every slot it asked for (jobs are
+	// waiting) lets slots free up before it claims again, while fewer than half of its slots are
+	// free: one claim then takes many jobs in one commit rather than a few in many. Default 1ms;
+	// negative claims as soon as one slot frees.
+	ClaimGather time.Duration
 	// StallInterval is how often handlers that ignore their cancelled context are logged.
 	// Default LeaseDuration.
 	StallInterval time.Duration
@@ -175,6 +187,8 @@ func (c Config) withDefaults() Config {
 	c.RescueInterval = cmp.Or(c.RescueInterval, c.HeartbeatInterval)
 	c.PollInterval = cmp.Or(c.PollInterval, PollIntervalDefault)
 	c.IdlePollInterval = cmp.Or(c.IdlePollInterval, IdlePollIntervalDefault)
+	c.ClaimsInFlight = cmp.Or(c.ClaimsInFlight, ClaimsInFlightDefault)
+	c.ClaimGather = cmp.Or(c.ClaimGather, ClaimGatherDefault)
 	c.WaitAfter = cmp.Or(c.WaitAfter, WaitAfterDefault)
 	c.ShutdownTimeout = cmp.Or(c.ShutdownTimeout, ShutdownTimeoutDefault)
 	c.FinishFlushInterval = cmp.Or(c.FinishFlushInterval, FinishFlushDefault)
@@ -214,6 +228,10 @@ func (c Config) Validate() error {
 		return bad("PollInterval", "must be at least 10ms, got %s", c.PollInterval)
 	case c.IdlePollInterval < time.Millisecond || c.IdlePollInterval > c.PollInterval:
 		return bad("IdlePollInterval", "must be between 1ms and PollInterval (%s), got %s", c.PollInterval, c.IdlePollInterval)
+	case c.ClaimsInFlight < 1 || c.ClaimsInFlight > 8:
+		return bad("ClaimsInFlight", "must be between 1 and 8, got %d", c.ClaimsInFlight)
+	case c.ClaimGather > time.Second:
+		return bad("ClaimGather", "must be at most 1s, got %s", c.ClaimGather)
 	case c.WaitAfter < 0 || c.WaitAfter > time.Minute:
 		return bad("WaitAfter", "must be between 0 and 1m, got %s", c.WaitAfter)
 	case c.ShutdownTimeout < 0:

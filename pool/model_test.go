@@ -387,6 +387,8 @@ func (m *model) startPool() *mpool {
 	n := m.nextPool
 	m.nextPool++
 	retry := modelDur(m.poolRng, 0, 30)
+	// The claim loop's shape, drawn apart from poolRng so that earlier seeds replay as they did.
+	shape := rand.New(rand.NewPCG(uint64(m.seed), 0x5a1e+uint64(n)))
 	cfg := pool.Config{
 		ID:                   fmt.Sprintf("model-%d-w%d", m.seed%10000, n),
 		Concurrency:          3 + m.poolRng.IntN(3),
@@ -400,6 +402,8 @@ func (m *model) startPool() *mpool {
 		ListenReconnectDelay: modelDur(m.poolRng, 200, 1000),
 		ListenPingInterval:   modelDur(m.poolRng, 1000, 3000),
 		RetryBackoff:         func(int) time.Duration { return retry },
+		ClaimsInFlight:       1 + shape.IntN(2),
+		ClaimGather:          modelDur(shape, 0, 5),
 	}
 	if os.Getenv("LEASH_TEST_LOG") != "" {
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))

@@ -19,9 +19,16 @@ type ClaimParams struct {
 	Limit    int
 	WorkerID string
 	Lease    time.Duration
-	// After, for a single queue, starts the claim's index scan past this position instead of at
-	// the queue's first entry (see ClaimCursor).
+	// After, for a single queue, starts the claim's index scan past this position (the last job
+	// claimed) instead of at the queue's first entry (see ClaimCursor).
 	After *ClaimCursor
+	// Lag, with After, also takes jobs of After's priority whose run_at lies within Lag before
+	// After's: an insert whose transaction began before the last claimed job's (run_at is its
+	// transaction's start) but committed after that claim lands there. It is a second index
+	// range of its own: jobs of After's very priority and run_at with a smaller id (claimed ones,
+	// many thousands of them after a COPY, whose index entries an old snapshot keeps) are not
+	// walked again.
+	Lag time.Duration
 }
 
 // ClaimCursor is a position in a queue's claim order (priority, run_at, id). A claim that starts
@@ -114,15 +121,34 @@ const claimSQL = `
 		FOR UPDATE SKIP LOCKED
 	)` + claimTail
 
+// queueHeldSQL finds the leash.queues row of queue $1 when it pauses or caps the queue.
+const queueHeldSQL = `SELECT FROM leash.queues q WHERE q.name = $1 AND (q.paused_at IS NOT NULL OR q.max_running IS NOT NULL)`
+
 // The claim of uncapped queues skips every queue whose leash.queues row pauses or caps it, as
 // seen by the statement's own snapshot: a pause committed before the claim began binds it,
 // whatever the worker believed. A capped queue is claimed by ClaimCapped instead.
 var (
-	claimOneQueueSQL = fmt.Sprintf(claimSQL, `queue = $1 AND NOT EXISTS (
-		SELECT FROM leash.queues q WHERE q.name = $1 AND (q.paused_at IS NOT NULL OR q.max_running IS NOT NULL))`, claimTraceContextBytes)
-	claimOneQueueAfterSQL = fmt.Sprintf(claimSQL, `queue = $1 AND (priority, run_at, id) > ($5::smallint, $6::timestamptz, $7::bigint)
-		AND NOT EXISTS (
-		SELECT FROM leash.queues q WHERE q.name = $1 AND (q.paused_at IS NOT NULL OR q.max_running IS NOT NULL))`, claimTraceContextBytes)
+	claimOneQueueSQL      = fmt.Sprintf(claimSQL, `queue = $1 AND NOT EXISTS (`+queueHeldSQL+`)`, claimTraceContextBytes)
+	claimOneQueueAfterSQL = fmt.Sprintf(`
+	WITH lagged AS (
+		SELECT id FROM leash.jobs
+		WHERE state IN ('available', 'retryable') AND queue = $1 AND priority = $5::smallint
+		  AND run_at >= $8::timestamptz AND run_at < $6::timestamptz AND run_at <= now() AND revoked_at IS NULL
+		  AND NOT EXISTS (`+queueHeldSQL+`)
+		ORDER BY priority, run_at, id
+		LIMIT $2
+		FOR UPDATE SKIP LOCKED
+	), ahead AS (
+		SELECT id FROM leash.jobs
+		WHERE state IN ('available', 'retryable') AND queue = $1
+		  AND (priority, run_at, id) > ($5::smallint, $6::timestamptz, $7::bigint) AND run_at <= now() AND revoked_at IS NULL
+		  AND NOT EXISTS (`+queueHeldSQL+`)
+		ORDER BY priority, run_at, id
+		LIMIT $2 - (SELECT count(*) FROM lagged)
+		FOR UPDATE SKIP LOCKED
+	), picked AS (
+		SELECT id FROM lagged UNION ALL SELECT id FROM ahead
+	)`+claimTail, claimTraceContextBytes)
 	// Several queues: the head of each active queue through its own index scan (LATERAL), then
 	// the first $2 of those heads in claim order. One scan across the queues (queue = ANY(...))
 	// is planned as a bitmap scan and a sort of every queued row of them. Heads locked but not
@@ -231,7 +257,7 @@ func claimQuery(p ClaimParams) (string, []any) {
 	if len(p.Queues) == 1 {
 		q, queues = claimOneQueueSQL, p.Queues[0]
 		if a := p.After; a != nil {
-			return claimOneQueueAfterSQL, []any{queues, p.Limit, p.WorkerID, millis(p.Lease), a.Priority, a.RunAt, a.ID}
+			return claimOneQueueAfterSQL, []any{queues, p.Limit, p.WorkerID, millis(p.Lease), a.Priority, a.RunAt, a.ID, a.RunAt.Add(-p.Lag)}
 		}
 	}
 	return q, []any{queues, p.Limit, p.WorkerID, millis(p.Lease)}

@@ -15,3 +15,6 @@ var (
 	MigrationsFrom  = migrationsFrom
 	SplitStatements = splitStatements
 )
+
+// ClaimQuery is the statement and arguments Claim sends, for tests that EXPLAIN it.
+var ClaimQuery = claimQuery

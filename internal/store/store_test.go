@@ -374,6 +374,133 @@ func TestClaimAfterCursor(t *testing.T) {
 	}
 }
 
+// A claim past a cursor also takes the jobs of the cursor's priority whose run_at lies within
+// Lag before it (an insert that began before the last claimed job but committed after its
+// claim), those first; and not those further back, nor those of the cursor's very priority and
+// run_at with a smaller id.
+func TestClaimAfterCursorWithLag(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	ctx := context.Background()
+	var t0 time.Time
+	if err := db.QueryRow(ctx, `SELECT date_trunc('milliseconds', now()) - interval '1 minute'`).Scan(&t0); err != nil {
+		t.Fatal(err)
+	}
+	insert := func(prio int16, runAt time.Time) int64 {
+		t.Helper()
+		var id int64
+		if err := db.QueryRow(ctx, `INSERT INTO leash.jobs (queue, kind, priority, run_at) VALUES ('lag', 'k', $1, $2) RETURNING id`,
+			prio, runAt).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	sameBefore := insert(0, t0)                        // the cursor's run_at, a smaller id
+	cursorID := insert(0, t0)                          // the cursor itself
+	lagged := insert(0, t0.Add(-50*time.Millisecond))  // within the lag
+	tooOld := insert(0, t0.Add(-500*time.Millisecond)) // behind the lag
+	higher := insert(-1, t0.Add(-10*time.Millisecond)) // another priority, ahead in claim order
+	sameAfter := insert(0, t0)                         // the cursor's run_at, a larger id
+	later := insert(0, t0.Add(time.Millisecond))       // past the cursor
+	lowerPrio := insert(1, t0.Add(-time.Hour))         // a lower priority: past the cursor
+	cursor := &store.ClaimCursor{Priority: 0, RunAt: t0, ID: cursorID}
+	if _, err := db.Exec(ctx, `UPDATE leash.jobs SET state = 'running', lease_token = 1, lease_expires_at = now() + interval '1 minute' WHERE id = $1`, cursorID); err != nil {
+		t.Fatal(err)
+	}
+	params := store.ClaimParams{Queues: []string{"lag"}, Limit: 2, WorkerID: "w", Lease: time.Minute, After: cursor, Lag: 100 * time.Millisecond}
+	first, err := store.Claim(ctx, db, params)
+	if err != nil || len(first) != 2 {
+		t.Fatalf("first claim: %d jobs, %v; want 2", len(first), err)
+	}
+	got := map[int64]bool{first[0].ID: true, first[1].ID: true}
+	if !got[lagged] || !got[sameAfter] {
+		t.Fatalf("first claim took %v; want the lagged job %d first, then %d", got, lagged, sameAfter)
+	}
+	params.Limit = 10
+	rest, err := store.Claim(ctx, db, params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, j := range rest {
+		got[j.ID] = true
+	}
+	if len(rest) != 2 || !got[later] || !got[lowerPrio] {
+		t.Fatalf("second claim took %d jobs (%v); want %d and %d", len(rest), got, later, lowerPrio)
+	}
+	for _, id := range []int64{sameBefore, tooOld, higher} {
+		if got[id] {
+			t.Fatalf("a claim past the cursor took job %d, which is behind it", id)
+		}
+	}
+	front, err := store.Claim(ctx, db, store.ClaimParams{Queues: []string{"lag"}, Limit: 10, WorkerID: "w", Lease: time.Minute})
+	if err != nil || len(front) != 3 {
+		t.Fatalf("claim from the front: %d jobs, %v; want the 3 behind the cursor", len(front), err)
+	}
+}
+
+// After a COPY, every job has the same run_at: a claim past the cursor must start at the last
+// job claimed, not walk the index entries of every job claimed before it, which stay in the
+// index until vacuum (and for as long as an old snapshot holds it back).
+func TestClaimAfterCursorSkipsClaimedEntries(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	ctx := context.Background()
+	if _, err := db.Exec(ctx, `
+		ALTER TABLE leash.jobs SET (autovacuum_enabled = off);
+		INSERT INTO leash.jobs (queue, kind) SELECT 'copy', 'k' FROM generate_series(1, 20000);
+		ANALYZE leash.jobs`); err != nil {
+		t.Fatal(err)
+	}
+	var last *store.ClaimCursor
+	for range 100 {
+		jobs, err := store.Claim(ctx, db, store.ClaimParams{Queues: []string{"copy"}, Limit: 100, WorkerID: "w", Lease: time.Minute, After: last, Lag: 100 * time.Millisecond})
+		if err != nil || len(jobs) != 100 {
+			t.Fatalf("claim: %d jobs, %v", len(jobs), err)
+		}
+		last = store.LastClaimed(jobs)
+	}
+	indexBuffers := func(p store.ClaimParams) int {
+		t.Helper()
+		q, args := store.ClaimQuery(p)
+		tx, err := db.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx)
+		rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+q, args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		plans, err := pgx.CollectRows(rows, pgx.RowTo[[]map[string]any])
+		if err != nil || len(plans) != 1 {
+			t.Fatalf("explain: %v", err)
+		}
+		var sum func(n map[string]any) int
+		sum = func(n map[string]any) int {
+			total := 0
+			if n["Index Name"] == "jobs_claimable_idx" {
+				hit, _ := n["Shared Hit Blocks"].(float64)
+				read, _ := n["Shared Read Blocks"].(float64)
+				total += int(hit + read)
+			}
+			kids, _ := n["Plans"].([]any)
+			for _, k := range kids {
+				total += sum(k.(map[string]any))
+			}
+			return total
+		}
+		return sum(plans[0][0]["Plan"].(map[string]any))
+	}
+	p := store.ClaimParams{Queues: []string{"copy"}, Limit: 100, WorkerID: "w", Lease: time.Minute}
+	fromFront := indexBuffers(p)
+	p.After, p.Lag = last, 100*time.Millisecond
+	pastCursor := indexBuffers(p)
+	if fromFront < 20 || pastCursor > fromFront/4 {
+		t.Fatalf("claim index pages read: %d from the front, %d past the cursor; want the cursor to skip the 10000 claimed entries", fromFront, pastCursor)
+	}
+	t.Logf("claim index pages read: %d from the front, %d past the cursor", fromFront, pastCursor)
+}
+
 // Rows with timestamps any SQL client may write (±infinity) are claimed like any other: a scan
 // that failed after the claim committed would strand the whole batch until its leases expired.
 func TestClaimReadsInfiniteTimestamps(t *testing.T) {
