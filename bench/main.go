@@ -46,6 +46,48 @@ type row struct {
 	unit                     string
 	baseline                 []string // the systems this row is compared with
 	higherBetter             bool
+	runs                     []float64 // every run, when value is their median
+}
+
+var flagRepeat = flag.Int("repeat", 3, "runs of each system in the burn-down, capped, ablation and producers scenarios, interleaved; the median is reported, with the spread")
+
+// trial is one system of a scenario measured in several interleaved runs.
+type trial struct {
+	system       string
+	baseline     []string
+	higherBetter bool
+	once         bool // slow and far from the others: one run is enough
+	run          func() float64
+}
+
+// trials runs every trial -repeat times, round after round (so that a slow minute on a noisy
+// machine hits all systems alike), and adds one row per trial with the median.
+func (b *bench) trials(scenario, metric, unit string, ts []trial) {
+	runs := make([][]float64, len(ts))
+	for round := range max(*flagRepeat, 1) {
+		for i, t := range ts {
+			if t.once && round > 0 {
+				continue
+			}
+			v := t.run()
+			runs[i] = append(runs[i], v)
+			logf("  %-28s %-22s %-18s %12.2f %s (run %d)", scenario, t.system, metric, v, unit, round+1)
+		}
+	}
+	for i, t := range ts {
+		b.add(row{scenario: scenario, system: t.system, metric: metric, value: median(runs[i]), unit: unit,
+			baseline: t.baseline, higherBetter: t.higherBetter, runs: runs[i]})
+	}
+}
+
+func median(v []float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	if n := len(s); n%2 == 1 {
+		return s[n/2]
+	} else {
+		return (s[n/2-1] + s[n/2]) / 2
+	}
 }
 
 func main() {
@@ -174,7 +216,11 @@ func (b *bench) print() {
 			}
 		}
 		ratio := strings.Join(ratios, ", ")
-		fmt.Printf("| %s | %s | %s | %.2f %s | %s |\n", r.scenario, r.system, r.metric, r.value, r.unit, ratio)
+		value := fmt.Sprintf("%.2f %s", r.value, r.unit)
+		if len(r.runs) > 1 {
+			value += fmt.Sprintf(" (median of %d: %.0f–%.0f)", len(r.runs), slices.Min(r.runs), slices.Max(r.runs))
+		}
+		fmt.Printf("| %s | %s | %s | %s | %s |\n", r.scenario, r.system, r.metric, value, ratio)
 	}
 }
 

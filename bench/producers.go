@@ -63,47 +63,49 @@ func (b *bench) producers(ctx context.Context) {
 		return db
 	}
 	const sqlInsert = `INSERT INTO leash.jobs (kind) VALUES ('noop')`
-	leashRun := func(system string, replica bool, alwaysWaiting bool, insert func(db *pgxpool.Pool) func(context.Context) error) {
-		url := b.freshDB(ctx)
-		wdb := open(ctx, url, 10)
-		pdb := producerPool(url, replica)
-		p := newLeash(wdb, 100, nil, nil)
-		go p.Run(ctx)
-		if alwaysWaiting {
-			// A registration that never expires: every insert notifies, as before wake-ups on demand.
-			if _, err := wdb.Exec(ctx, `INSERT INTO leash.waiters VALUES ('default', 'always', 'infinity')`); err != nil {
-				fail(err)
+	leashRun := func(replica bool, alwaysWaiting bool, insert func(db *pgxpool.Pool) func(context.Context) error) func() float64 {
+		return func() float64 {
+			url := b.freshDB(ctx)
+			wdb := open(ctx, url, 10)
+			defer wdb.Close()
+			pdb := producerPool(url, replica)
+			defer pdb.Close()
+			p := newLeash(wdb, 100, nil, nil)
+			go p.Run(ctx)
+			defer p.Shutdown(ctx)
+			if alwaysWaiting {
+				// A registration that never expires: every insert notifies, as before wake-ups on demand.
+				if _, err := wdb.Exec(ctx, `INSERT INTO leash.waiters VALUES ('default', 'always', 'infinity')`); err != nil {
+					fail(err)
+				}
 			}
+			return hammer(insert(pdb))
 		}
-		rate := hammer(insert(pdb))
-		p.Shutdown(ctx)
-		r := row{scenario: scenario, system: system, metric: "inserts/s", value: rate, unit: "inserts/s", higherBetter: true}
-		if system != ceiling {
-			r.baseline = []string{ceiling, "River defaults"}
-		}
-		b.add(r)
-		pdb.Close()
-		wdb.Close()
 	}
 	sqlInsertFn := func(db *pgxpool.Pool) func(context.Context) error {
 		return func(ctx context.Context) error { _, err := db.Exec(ctx, sqlInsert); return err }
 	}
-	leashRun(ceiling, true, false, sqlInsertFn)
+	ts := []trial{{system: ceiling, higherBetter: true, run: leashRun(true, false, sqlInsertFn)}}
 	for _, t := range []riverTuning{riverDefaults, riverTuned} {
-		url := b.freshDB(ctx)
-		db := open(ctx, url, clients+20)
-		c := newRiver(db, 100, t, nil)
-		if err := c.Start(ctx); err != nil {
-			fail(err)
-		}
-		rate := hammer(func(ctx context.Context) error { _, err := c.Insert(ctx, noopArgs{}, nil); return err })
-		stopRiver(c)
-		b.add(row{scenario: scenario, system: t.String(), metric: "inserts/s", value: rate, unit: "inserts/s", baseline: []string{ceiling}, higherBetter: true})
-		db.Close()
+		ts = append(ts, trial{system: t.String(), baseline: []string{ceiling}, higherBetter: true, run: func() float64 {
+			url := b.freshDB(ctx)
+			db := open(ctx, url, clients+20)
+			defer db.Close()
+			c := newRiver(db, 100, t, nil)
+			if err := c.Start(ctx); err != nil {
+				fail(err)
+			}
+			defer stopRiver(c)
+			return hammer(func(ctx context.Context) error { _, err := c.Insert(ctx, noopArgs{}, nil); return err })
+		}})
 	}
-	leashRun("leash, SQL INSERT", false, false, sqlInsertFn)
-	leashRun("leash, pool.Insert", false, false, func(db *pgxpool.Pool) func(context.Context) error {
-		return func(ctx context.Context) error { _, err := pool.Insert(ctx, db, "noop", nil, nil); return err }
-	})
-	leashRun("leash, SQL INSERT, every insert notifying", false, true, sqlInsertFn)
+	vs := []string{ceiling, "River defaults"}
+	ts = append(ts,
+		trial{system: "leash, SQL INSERT", baseline: vs, higherBetter: true, run: leashRun(false, false, sqlInsertFn)},
+		trial{system: "leash, pool.Insert", baseline: vs, higherBetter: true, run: leashRun(false, false, func(db *pgxpool.Pool) func(context.Context) error {
+			return func(ctx context.Context) error { _, err := pool.Insert(ctx, db, "noop", nil, nil); return err }
+		})},
+		trial{system: "leash, SQL INSERT, every insert notifying", baseline: vs, higherBetter: true, once: true, run: leashRun(false, true, sqlInsertFn)},
+	)
+	b.trials(scenario, "inserts/s", "inserts/s", ts)
 }

@@ -11,7 +11,6 @@ import (
 // uncapped, capped above the worker's slots (the cap never binds: the cost is the capped claim
 // path alone, a lock on the queue's row and a count of its running jobs per claim) and capped
 // at half the slots. River has no cap in its open-source core, so leash uncapped is the baseline.
-// Each variant runs twice, interleaved, and the better run counts, to damp this machine's noise.
 func (b *bench) queueCap(ctx context.Context) {
 	n := *flagJobs
 	const slots = 100
@@ -21,25 +20,22 @@ func (b *bench) queueCap(ctx context.Context) {
 		name string
 		cap  int
 	}{{"leash uncapped", -1}, {"leash cap 1000", 1000}, {"leash cap 50", 50}}
-	best := make([]float64, len(variants))
-	for range 2 {
-		for i, v := range variants {
+	var ts []trial
+	for i, v := range variants {
+		t := trial{system: v.name, higherBetter: true, run: func() float64 {
 			db := open(ctx, b.freshDB(ctx), 10)
+			defer db.Close()
 			if err := pool.SetQueueMaxRunning(ctx, db, "default", v.cap); err != nil {
 				fail(err)
 			}
 			leashInsertNoops(ctx, db, n)
 			cnt := newCounter(n)
-			d := leashDrain(ctx, newLeash(db, slots, cnt, nil), cnt)
-			best[i] = max(best[i], float64(n)/d.Seconds())
-			db.Close()
-		}
-	}
-	for i, v := range variants {
-		r := row{scenario: scenario, system: v.name, metric: "jobs/s", value: best[i], unit: "jobs/s", higherBetter: true}
+			return float64(n) / leashDrain(ctx, newLeash(db, slots, cnt, nil), cnt).Seconds()
+		}}
 		if i > 0 {
-			r.baseline = []string{"leash uncapped"}
+			t.baseline = []string{"leash uncapped"}
 		}
-		b.add(r)
+		ts = append(ts, t)
 	}
+	b.trials(scenario, "jobs/s", "jobs/s", ts)
 }

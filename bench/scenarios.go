@@ -25,47 +25,52 @@ func (b *bench) burnDown100(ctx context.Context) {
 	n := *flagJobs
 	scenario := fmt.Sprintf("burn-down %d, 100 workers", n)
 	logf("%s", scenario)
-	{
+	ts := []trial{{system: floor, higherBetter: true, run: func() float64 {
 		db := open(ctx, b.freshDB(ctx), 10)
+		defer db.Close()
 		leashInsertNoops(ctx, db, n)
-		d := rawFloor(ctx, db, n)
-		b.add(row{scenario: scenario, system: floor, metric: "jobs/s", value: float64(n) / d.Seconds(), unit: "jobs/s", higherBetter: true})
-		db.Close()
-	}
+		return float64(n) / rawFloor(ctx, db, n).Seconds()
+	}}}
 	for _, t := range []riverTuning{riverDefaults, riverTuned} {
-		db := open(ctx, b.freshDB(ctx), 20)
-		c := newRiver(db, 100, t, nil)
-		riverInsertNoops(ctx, c, n)
-		d := riverDrain(ctx, c, n)
-		b.add(row{scenario: scenario, system: t.String(), metric: "jobs/s", value: float64(n) / d.Seconds(), unit: "jobs/s", baseline: []string{floor}})
-		db.Close()
+		ts = append(ts, trial{system: t.String(), baseline: []string{floor}, once: t == riverDefaults, run: func() float64 {
+			return b.riverBurn(ctx, n, 100, t)
+		}})
 	}
-	db := open(ctx, b.freshDB(ctx), 10)
-	leashInsertNoops(ctx, db, n)
-	cnt := newCounter(n)
-	d := leashDrain(ctx, newLeash(db, 100, cnt, nil), cnt)
-	b.add(row{scenario: scenario, system: "leash", metric: "jobs/s", value: float64(n) / d.Seconds(), unit: "jobs/s", baseline: []string{"River tuned", floor}})
-	db.Close()
+	ts = append(ts, trial{system: "leash", baseline: []string{"River tuned", floor}, run: func() float64 {
+		return b.leashBurn(ctx, n, pool.Config{Concurrency: 100})
+	}})
+	b.trials(scenario, "jobs/s", "jobs/s", ts)
 }
 
 func (b *bench) burnDown2000(ctx context.Context) {
 	n := *flagJobs
 	scenario := fmt.Sprintf("burn-down %d, 2000 workers", n)
 	logf("%s", scenario)
-	{
-		db := open(ctx, b.freshDB(ctx), 40)
-		c := newRiver(db, 2000, riverTuned, nil)
-		riverInsertNoops(ctx, c, n)
-		d := riverDrain(ctx, c, n)
-		b.add(row{scenario: scenario, system: "River tuned", metric: "jobs/s", value: float64(n) / d.Seconds(), unit: "jobs/s"})
-		db.Close()
-	}
+	b.trials(scenario, "jobs/s", "jobs/s", []trial{
+		{system: "River tuned", run: func() float64 { return b.riverBurn(ctx, n, 2000, riverTuned) }},
+		{system: "leash", baseline: []string{"River tuned"}, run: func() float64 {
+			return b.leashBurn(ctx, n, pool.Config{Concurrency: 2000})
+		}},
+	})
+}
+
+// riverBurn drains n no-op jobs with River on a fresh database and returns jobs/s.
+func (b *bench) riverBurn(ctx context.Context, n, workers int, t riverTuning) float64 {
+	db := open(ctx, b.freshDB(ctx), int32(max(20, workers/50)))
+	defer db.Close()
+	c := newRiver(db, workers, t, nil)
+	riverInsertNoops(ctx, c, n)
+	return float64(n) / riverDrain(ctx, c, n).Seconds()
+}
+
+// leashBurn drains n no-op jobs with a leash pool of cfg on a fresh database and returns jobs/s.
+func (b *bench) leashBurn(ctx context.Context, n int, cfg pool.Config) float64 {
 	db := open(ctx, b.freshDB(ctx), 10)
+	defer db.Close()
 	leashInsertNoops(ctx, db, n)
 	cnt := newCounter(n)
-	d := leashDrain(ctx, newLeash(db, 2000, cnt, nil), cnt)
-	b.add(row{scenario: scenario, system: "leash", metric: "jobs/s", value: float64(n) / d.Seconds(), unit: "jobs/s", baseline: []string{"River tuned"}})
-	db.Close()
+	cfg.Observer = cnt
+	return float64(n) / leashDrain(ctx, newLeashConfig(db, cfg), cnt).Seconds()
 }
 
 // pickupSQL reads attempted_at - created_at of every job from the database clock.
@@ -487,6 +492,7 @@ func (b *bench) ablation(ctx context.Context) {
 	n := *flagJobs
 	scenario := fmt.Sprintf("ablation, burn-down %d, 100 workers", n)
 	logf("%s", scenario)
+	var ts []trial
 	for _, c := range []struct {
 		name string
 		cfg  pool.Config
@@ -499,25 +505,15 @@ func (b *bench) ablation(ctx context.Context) {
 		{"leash, outcomes not gathered (1µs window)", pool.Config{FinishFlushInterval: time.Microsecond}},
 		{"leash, 10 slots", pool.Config{Concurrency: 10}},
 	} {
-		db := open(ctx, b.freshDB(ctx), 10)
-		leashInsertNoops(ctx, db, n)
-		cnt := newCounter(n)
 		cfg := c.cfg
 		cfg.Concurrency = cmpOr(cfg.Concurrency, 100)
-		cfg.Observer = cnt
-		p, err := pool.New(db, cfg)
-		if err != nil {
-			fail(err)
-		}
-		p.Register("noop", pool.HandlerFunc(func(context.Context, *pool.Job) error { return nil }))
-		d := leashDrain(ctx, p, cnt)
-		r := row{scenario: scenario, system: c.name, metric: "jobs/s", value: float64(n) / d.Seconds(), unit: "jobs/s"}
+		t := trial{system: c.name, run: func() float64 { return b.leashBurn(ctx, n, cfg) }}
 		if c.name != "leash defaults" {
-			r.baseline = []string{"leash defaults"}
+			t.baseline = []string{"leash defaults"}
 		}
-		b.add(r)
-		db.Close()
+		ts = append(ts, t)
 	}
+	b.trials(scenario, "jobs/s", "jobs/s", ts)
 }
 
 func cmpOr(v, def int) int {
