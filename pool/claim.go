@@ -45,7 +45,7 @@ func (p *Pool) claimLoop(ctx context.Context) {
 		}
 		gathering := false
 		share := (p.cfg.Concurrency + k - 1) / k // what one claim asks for at most
-		for claimNow && c.n < k && p.keeper.Healthy() {
+		for claimNow && c.n < k && ctx.Err() == nil && p.keeper.Healthy() {
 			free := p.cfg.Concurrency - int(p.active.Load()) - c.reserved
 			if free <= 0 {
 				break
@@ -69,6 +69,11 @@ func (p *Pool) claimLoop(ctx context.Context) {
 		}
 		if c.n > 0 {
 			// Wait for a claim to return, or for a reason to start another.
+			var gatherEnd <-chan time.Time
+			if gathering {
+				idle.Reset(max(time.Until(gatherUntil), time.Microsecond))
+				gatherEnd = idle.C
+			}
 			select {
 			case <-ctx.Done():
 				return
@@ -80,7 +85,10 @@ func (p *Pool) claimLoop(ctx context.Context) {
 						return
 					}
 					p.log.WarnContext(ctx, "claiming jobs failed", slog.Any("err", r.err))
-					failed, claimNow, saturated = true, false, false
+					// Wait for a wake-up or the poll rather than spin; a notification that came
+					// while the claim ran is such a wake-up.
+					failed, saturated = true, false
+					claimNow, woken = woken, false
 				case r.n > 0:
 					idleSince, failed, claimNow = time.Time{}, false, true
 					saturated = r.n == r.limit
@@ -103,6 +111,11 @@ func (p *Pool) claimLoop(ctx context.Context) {
 					w.register(ctx)
 				}
 				claimNow = true
+			case <-gatherEnd:
+				claimNow = true
+			}
+			if gathering {
+				idle.Stop()
 			}
 			continue
 		}
@@ -300,16 +313,58 @@ type claimScan struct {
 	after    *store.ClaimCursor
 	lastFull time.Time
 	fullCost time.Duration // how long the last claim from the front took
+	// passed is where the cursor stood after each recent claim, oldest first: a claim past the
+	// cursor looks again at the jobs of the cursor's priority and run_at that the claims of the
+	// last cursorLag passed over (see store.ClaimParams.RecheckFromID).
+	passed []passedAt
 }
 
-// cursorLag is how far behind the last job claimed a claim past the cursor starts.
+type passedAt struct {
+	at  time.Time
+	pos store.ClaimCursor
+}
+
+// cursorLag is how far behind the last job claimed a claim past the cursor starts: in run_at
+// within the cursor's priority, and in the claims made since, within its run_at.
 const cursorLag = 100 * time.Millisecond
 
 // fullEvery is how often a claim starts from the front: twenty times what such a claim costs,
 // so that it takes at most about 5% of the claim loop's time, however many dead index entries an
-// old snapshot keeps at the front; at least every 10ms and at most every 10 poll intervals.
+// old snapshot keeps at the front; at least every 10ms, and at least once per poll interval, so
+// that no runnable job waits behind the cursor longer than a poll.
 func (sc *claimScan) fullEvery(poll time.Duration) time.Duration {
-	return min(max(20*sc.fullCost, 10*time.Millisecond), 10*poll)
+	return min(max(20*sc.fullCost, 10*time.Millisecond), poll)
+}
+
+// moved records the cursor's position after a claim, and forgets positions it no longer needs:
+// those older than the newest one at least cursorLag old. Called with sc.mu held.
+func (sc *claimScan) moved(now time.Time) {
+	sc.passed = append(sc.passed, passedAt{at: now, pos: *sc.after})
+	keep := 0
+	for i, p := range sc.passed {
+		if now.Sub(p.at) >= cursorLag {
+			keep = i
+		}
+	}
+	sc.passed = sc.passed[keep:]
+	if len(sc.passed) > 4096 {
+		// Thousands of claims within cursorLag: keep the oldest, which bounds the recheck.
+		sc.passed = append(sc.passed[:1], sc.passed[len(sc.passed)-2048:]...)
+	}
+}
+
+// recheckFrom is the id from which a claim past the cursor looks again at jobs of the cursor's
+// priority and run_at: where the claims stood cursorLag ago, if they were on that run_at then;
+// else 0 (all of them: the cursor came to that run_at within the lag). Called with sc.mu held.
+func (sc *claimScan) recheckFrom(now time.Time) int64 {
+	if len(sc.passed) == 0 {
+		return 0
+	}
+	p := sc.passed[0]
+	if now.Sub(p.at) < cursorLag || p.pos.Priority != sc.after.Priority || !p.pos.RunAt.Equal(sc.after.RunAt) {
+		return 0
+	}
+	return p.pos.ID
 }
 
 // claimUncapped claims from queues in one statement, with waiting outcomes when
@@ -327,10 +382,10 @@ func (p *Pool) claimUncapped(sctx context.Context, queues []string, limit int) (
 		// claimed jobs with an earlier run_at; those with the same run_at (a COPY's thousands)
 		// are skipped.
 		after := *sc.after
-		params.After, params.Lag = &after, cursorLag
+		params.After, params.Lag, params.RecheckFromID = &after, cursorLag, sc.recheckFrom(time.Now())
 	}
 	if single && sc.queue != queues[0] {
-		sc.queue, sc.after = queues[0], nil
+		sc.queue, sc.after, sc.passed = queues[0], nil, nil
 	}
 	sc.mu.Unlock()
 	began := time.Now()
@@ -385,6 +440,7 @@ func (p *Pool) claimUncapped(sctx context.Context, queues []string, limit int) (
 		sc.mu.Lock()
 		if params.After == nil || sc.after == nil || sc.after.Less(*last) {
 			sc.after = last
+			sc.moved(time.Now())
 		}
 		sc.mu.Unlock()
 	}

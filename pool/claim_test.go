@@ -126,3 +126,52 @@ func TestTwoClaimsInFlight(t *testing.T) {
 		t.Fatalf("claimed %d; want %d", got, n)
 	}
 }
+
+// A notification that arrives while a claim runs, when that claim then fails, still makes the
+// worker claim again at once, not at the next poll.
+func TestWakeDuringFailedClaimIsKept(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	ctx := context.Background()
+	// The first claim that leases a row waits 300ms, then fails.
+	if _, err := db.Exec(ctx, `
+		CREATE SEQUENCE claim_failures;
+		CREATE FUNCTION fail_first_claim() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF nextval('claim_failures') = 1 THEN
+				PERFORM pg_sleep(0.3);
+				RAISE EXCEPTION 'the first claim fails';
+			END IF;
+			RETURN NEW;
+		END $$;
+		CREATE TRIGGER fail_first_claim BEFORE UPDATE ON leash.jobs FOR EACH ROW
+			WHEN (NEW.state = 'running') EXECUTE FUNCTION fail_first_claim()`); err != nil {
+		t.Fatal(err)
+	}
+	cfg := fastConfig()
+	cfg.PollInterval, cfg.WaitAfter = 4*time.Second, time.Millisecond
+	started := make(chan int64, 2)
+	p, _ := setup(t, db, cfg, map[string]pool.Handler{"noop": pool.HandlerFunc(func(ctx context.Context, j *pool.Job) error {
+		started <- j.ID
+		return nil
+	})})
+	start(t, p)
+	waitFor(t, 10*time.Second, func() bool { // idle, and registered for notifications
+		var n int
+		db.QueryRow(ctx, `SELECT count(*) FROM leash.waiters WHERE expires_at > now()`).Scan(&n)
+		return n == 1
+	})
+	insert(t, db, "noop", nil, nil)
+	waitFor(t, 10*time.Second, func() bool { // the failing claim is running
+		var n int
+		db.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep'`).Scan(&n)
+		return n == 1
+	})
+	insert(t, db, "noop", nil, nil) // notifies while the claim runs
+	began := time.Now()
+	recvID(t, started)
+	recvID(t, started)
+	if d := time.Since(began); d > cfg.PollInterval/2 {
+		t.Fatalf("the jobs started %s after the notification; the worker should have claimed again at once, not waited for the poll (%s)", d, cfg.PollInterval)
+	}
+}

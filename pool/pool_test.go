@@ -459,12 +459,17 @@ func TestBadInput(t *testing.T) {
 		"HeartbeatInterval": {LeaseDuration: time.Second, HeartbeatInterval: 600 * time.Millisecond},
 		"PollInterval":      {PollInterval: time.Millisecond},
 		"Queues":            {Queues: []string{""}},
+		"ClaimsInFlight":    {ClaimsInFlight: 3}, // needs ControlConns 5
+		"ClaimGather":       {ClaimGather: 2 * time.Second},
 	} {
 		_, err := pool.New(db, cfg)
 		var ce *pool.ConfigError
 		if !errors.As(err, &ce) || ce.Field != name {
 			t.Errorf("config %s: got %v", name, err)
 		}
+	}
+	if _, err := pool.New(db, pool.Config{ClaimsInFlight: 3, ControlConns: 5}); err != nil {
+		t.Errorf("three claims in flight on five control connections: %v", err)
 	}
 }
 

@@ -24,11 +24,15 @@ type ClaimParams struct {
 	After *ClaimCursor
 	// Lag, with After, also takes jobs of After's priority whose run_at lies within Lag before
 	// After's: an insert whose transaction began before the last claimed job's (run_at is its
-	// transaction's start) but committed after that claim lands there. It is a second index
-	// range of its own: jobs of After's very priority and run_at with a smaller id (claimed ones,
-	// many thousands of them after a COPY, whose index entries an old snapshot keeps) are not
-	// walked again.
+	// transaction's start) but committed after that claim lands there.
 	Lag time.Duration
+	// RecheckFromID, with After, also takes jobs of After's very priority and run_at whose id is
+	// at least RecheckFromID and below After's: those recent claims passed over (locked by
+	// another transaction then, or committed late with the same run_at, as scheduled ticks of
+	// one instant are). The caller sets it to where its claims stood Lag ago, so that the
+	// entries of the thousands of jobs a COPY gave one run_at, claimed long since (kept in the
+	// index while an old snapshot holds vacuum back), are not walked again at every claim.
+	RecheckFromID int64
 }
 
 // ClaimCursor is a position in a queue's claim order (priority, run_at, id). A claim that starts
@@ -55,10 +59,15 @@ func (c ClaimCursor) Less(d ClaimCursor) bool {
 	return c.ID < d.ID
 }
 
-// LastClaimed returns the position of the last of jobs in claim order.
+// LastClaimed returns the position of the last of jobs in claim order. Jobs whose run_at is not
+// finite (-infinity, written by some SQL client) give no position: they sort before every finite
+// one, where only a claim from the front finds them.
 func LastClaimed(jobs []ClaimedJob) *ClaimCursor {
 	var last *ClaimCursor
 	for i := range jobs {
+		if jobs[i].RunAt.IsZero() {
+			continue
+		}
 		c := ClaimCursor{Priority: jobs[i].Priority, RunAt: jobs[i].RunAt, ID: jobs[i].ID}
 		if last == nil || last.Less(c) {
 			last = &c
@@ -128,7 +137,10 @@ const queueHeldSQL = `SELECT FROM leash.queues q WHERE q.name = $1 AND (q.paused
 // seen by the statement's own snapshot: a pause committed before the claim began binds it,
 // whatever the worker believed. A capped queue is claimed by ClaimCapped instead.
 var (
-	claimOneQueueSQL      = fmt.Sprintf(claimSQL, `queue = $1 AND NOT EXISTS (`+queueHeldSQL+`)`, claimTraceContextBytes)
+	claimOneQueueSQL = fmt.Sprintf(claimSQL, `queue = $1 AND NOT EXISTS (`+queueHeldSQL+`)`, claimTraceContextBytes)
+	// Past a cursor: three index ranges, in claim order, each locked only as far as needed: the
+	// cursor's priority within the lag before its run_at; its priority and run_at from the id
+	// where the claims stood a lag ago; everything after it.
 	claimOneQueueAfterSQL = fmt.Sprintf(`
 	WITH lagged AS (
 		SELECT id FROM leash.jobs
@@ -138,16 +150,24 @@ var (
 		ORDER BY priority, run_at, id
 		LIMIT $2
 		FOR UPDATE SKIP LOCKED
+	), passed AS (
+		SELECT id FROM leash.jobs
+		WHERE state IN ('available', 'retryable') AND queue = $1 AND priority = $5::smallint
+		  AND run_at = $6::timestamptz AND id >= $9::bigint AND id < $7::bigint AND run_at <= now() AND revoked_at IS NULL
+		  AND NOT EXISTS (`+queueHeldSQL+`)
+		ORDER BY priority, run_at, id
+		LIMIT $2 - (SELECT count(*) FROM lagged)
+		FOR UPDATE SKIP LOCKED
 	), ahead AS (
 		SELECT id FROM leash.jobs
 		WHERE state IN ('available', 'retryable') AND queue = $1
 		  AND (priority, run_at, id) > ($5::smallint, $6::timestamptz, $7::bigint) AND run_at <= now() AND revoked_at IS NULL
 		  AND NOT EXISTS (`+queueHeldSQL+`)
 		ORDER BY priority, run_at, id
-		LIMIT $2 - (SELECT count(*) FROM lagged)
+		LIMIT $2 - (SELECT count(*) FROM lagged) - (SELECT count(*) FROM passed)
 		FOR UPDATE SKIP LOCKED
 	), picked AS (
-		SELECT id FROM lagged UNION ALL SELECT id FROM ahead
+		SELECT id FROM lagged UNION ALL SELECT id FROM passed UNION ALL SELECT id FROM ahead
 	)`+claimTail, claimTraceContextBytes)
 	// Several queues: the head of each active queue through its own index scan (LATERAL), then
 	// the first $2 of those heads in claim order. One scan across the queues (queue = ANY(...))
@@ -257,7 +277,7 @@ func claimQuery(p ClaimParams) (string, []any) {
 	if len(p.Queues) == 1 {
 		q, queues = claimOneQueueSQL, p.Queues[0]
 		if a := p.After; a != nil {
-			return claimOneQueueAfterSQL, []any{queues, p.Limit, p.WorkerID, millis(p.Lease), a.Priority, a.RunAt, a.ID, a.RunAt.Add(-p.Lag)}
+			return claimOneQueueAfterSQL, []any{queues, p.Limit, p.WorkerID, millis(p.Lease), a.Priority, a.RunAt, a.ID, a.RunAt.Add(-p.Lag), p.RecheckFromID}
 		}
 	}
 	return q, []any{queues, p.Limit, p.WorkerID, millis(p.Lease)}

@@ -374,10 +374,11 @@ func TestClaimAfterCursor(t *testing.T) {
 	}
 }
 
-// A claim past a cursor also takes the jobs of the cursor's priority whose run_at lies within
-// Lag before it (an insert that began before the last claimed job but committed after its
-// claim), those first; and not those further back, nor those of the cursor's very priority and
-// run_at with a smaller id.
+// A claim past a cursor also takes, first, the jobs of the cursor's priority whose run_at lies
+// within Lag before it (an insert that began before the last claimed job but committed after its
+// claim), then those of the cursor's priority and run_at from RecheckFromID on (passed over by
+// recent claims: locked then, or committed late with the same run_at); and not those further
+// back, which wait for the next claim from the front.
 func TestClaimAfterCursorWithLag(t *testing.T) {
 	t.Parallel()
 	db := pgtest.Pool(t)
@@ -395,7 +396,8 @@ func TestClaimAfterCursorWithLag(t *testing.T) {
 		}
 		return id
 	}
-	sameBefore := insert(0, t0)                        // the cursor's run_at, a smaller id
+	passedLongAgo := insert(0, t0)                     // the cursor's run_at, before the recheck
+	passedRecently := insert(0, t0)                    // the cursor's run_at, within the recheck
 	cursorID := insert(0, t0)                          // the cursor itself
 	lagged := insert(0, t0.Add(-50*time.Millisecond))  // within the lag
 	tooOld := insert(0, t0.Add(-500*time.Millisecond)) // behind the lag
@@ -407,14 +409,19 @@ func TestClaimAfterCursorWithLag(t *testing.T) {
 	if _, err := db.Exec(ctx, `UPDATE leash.jobs SET state = 'running', lease_token = 1, lease_expires_at = now() + interval '1 minute' WHERE id = $1`, cursorID); err != nil {
 		t.Fatal(err)
 	}
-	params := store.ClaimParams{Queues: []string{"lag"}, Limit: 2, WorkerID: "w", Lease: time.Minute, After: cursor, Lag: 100 * time.Millisecond}
+	params := store.ClaimParams{Queues: []string{"lag"}, Limit: 3, WorkerID: "w", Lease: time.Minute,
+		After: cursor, Lag: 100 * time.Millisecond, RecheckFromID: passedRecently}
 	first, err := store.Claim(ctx, db, params)
-	if err != nil || len(first) != 2 {
-		t.Fatalf("first claim: %d jobs, %v; want 2", len(first), err)
+	if err != nil || len(first) != 3 {
+		t.Fatalf("first claim: %d jobs, %v; want 3", len(first), err)
 	}
-	got := map[int64]bool{first[0].ID: true, first[1].ID: true}
-	if !got[lagged] || !got[sameAfter] {
-		t.Fatalf("first claim took %v; want the lagged job %d first, then %d", got, lagged, sameAfter)
+	got := map[int64]bool{}
+	for _, j := range first {
+		got[j.ID] = true
+	}
+	if !got[lagged] || !got[passedRecently] || !got[sameAfter] {
+		t.Fatalf("first claim took %v; want %d (lagged), %d (passed recently), %d (next), in claim order",
+			got, lagged, passedRecently, sameAfter)
 	}
 	params.Limit = 10
 	rest, err := store.Claim(ctx, db, params)
@@ -427,7 +434,7 @@ func TestClaimAfterCursorWithLag(t *testing.T) {
 	if len(rest) != 2 || !got[later] || !got[lowerPrio] {
 		t.Fatalf("second claim took %d jobs (%v); want %d and %d", len(rest), got, later, lowerPrio)
 	}
-	for _, id := range []int64{sameBefore, tooOld, higher} {
+	for _, id := range []int64{passedLongAgo, tooOld, higher} {
 		if got[id] {
 			t.Fatalf("a claim past the cursor took job %d, which is behind it", id)
 		}
@@ -435,6 +442,38 @@ func TestClaimAfterCursorWithLag(t *testing.T) {
 	front, err := store.Claim(ctx, db, store.ClaimParams{Queues: []string{"lag"}, Limit: 10, WorkerID: "w", Lease: time.Minute})
 	if err != nil || len(front) != 3 {
 		t.Fatalf("claim from the front: %d jobs, %v; want the 3 behind the cursor", len(front), err)
+	}
+}
+
+// Jobs of a COPY that another transaction held locked while a claim passed them are found by
+// the next claim past the cursor once the lock is gone, when they lie within the recheck.
+func TestClaimAfterCursorFindsRowsItPassedLocked(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	ctx := context.Background()
+	if _, err := db.Exec(ctx, `INSERT INTO leash.jobs (queue, kind) SELECT 'held', 'k' FROM generate_series(1, 100)`); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `SELECT id FROM leash.jobs WHERE queue = 'held' ORDER BY id LIMIT 20 OFFSET 5 FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	p := store.ClaimParams{Queues: []string{"held"}, Limit: 30, WorkerID: "w", Lease: time.Minute}
+	first, err := store.Claim(ctx, db, p)
+	if err != nil || len(first) != 30 {
+		t.Fatalf("claim from the front: %d jobs, %v", len(first), err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	p.Limit, p.After, p.Lag, p.RecheckFromID = 100, store.LastClaimed(first), 100*time.Millisecond, 0
+	rest, err := store.Claim(ctx, db, p)
+	if err != nil || len(rest) != 70 {
+		t.Fatalf("claim past the cursor: %d jobs, %v; want the 70 left, the 20 once locked among them", len(rest), err)
 	}
 }
 
@@ -453,7 +492,11 @@ func TestClaimAfterCursorSkipsClaimedEntries(t *testing.T) {
 	}
 	var last *store.ClaimCursor
 	for range 100 {
-		jobs, err := store.Claim(ctx, db, store.ClaimParams{Queues: []string{"copy"}, Limit: 100, WorkerID: "w", Lease: time.Minute, After: last, Lag: 100 * time.Millisecond})
+		p := store.ClaimParams{Queues: []string{"copy"}, Limit: 100, WorkerID: "w", Lease: time.Minute, After: last, Lag: 100 * time.Millisecond}
+		if last != nil {
+			p.RecheckFromID = last.ID - 100
+		}
+		jobs, err := store.Claim(ctx, db, p)
 		if err != nil || len(jobs) != 100 {
 			t.Fatalf("claim: %d jobs, %v", len(jobs), err)
 		}
@@ -493,7 +536,8 @@ func TestClaimAfterCursorSkipsClaimedEntries(t *testing.T) {
 	}
 	p := store.ClaimParams{Queues: []string{"copy"}, Limit: 100, WorkerID: "w", Lease: time.Minute}
 	fromFront := indexBuffers(p)
-	p.After, p.Lag = last, 100*time.Millisecond
+	// The claims of the last lag took 1000 of the 10000 claimed.
+	p.After, p.Lag, p.RecheckFromID = last, 100*time.Millisecond, last.ID-1000
 	pastCursor := indexBuffers(p)
 	if fromFront < 20 || pastCursor > fromFront/4 {
 		t.Fatalf("claim index pages read: %d from the front, %d past the cursor; want the cursor to skip the 10000 claimed entries", fromFront, pastCursor)
