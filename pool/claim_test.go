@@ -175,3 +175,71 @@ func TestWakeDuringFailedClaimIsKept(t *testing.T) {
 		t.Fatalf("the jobs started %s after the notification; the worker should have claimed again at once, not waited for the poll (%s)", d, cfg.PollInterval)
 	}
 }
+
+// A claim from the front that has become slow runs beside the claims past the cursor, not in
+// their place: a job inserted while it runs starts before it returns.
+func TestSlowClaimFromFrontRunsBeside(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	ctx := context.Background()
+	// Leasing a job of kind "slow" takes a second: a claim that takes one is slow, as a claim
+	// from the front is when an old snapshot keeps the index entries of claimed jobs.
+	if _, err := db.Exec(ctx, `
+		CREATE FUNCTION slow_claim() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			PERFORM pg_sleep(1);
+			RETURN NEW;
+		END $$;
+		CREATE TRIGGER slow_claim BEFORE UPDATE ON leash.jobs FOR EACH ROW
+			WHEN (NEW.state = 'running' AND NEW.kind = 'slow') EXECUTE FUNCTION slow_claim()`); err != nil {
+		t.Fatal(err)
+	}
+	cfg := fastConfig()
+	cfg.PollInterval = 2 * time.Second
+	started := make(chan string, 100)
+	record := pool.HandlerFunc(func(ctx context.Context, j *pool.Job) error {
+		started <- j.Kind
+		return nil
+	})
+	p, _ := setup(t, db, cfg, map[string]pool.Handler{"fast": record, "slow": record})
+	start(t, p)
+	for range 3 { // the cursor is set
+		insert(t, db, "fast", nil, nil)
+	}
+	for range 3 {
+		if k := recvKind(t, started); k != "fast" {
+			t.Fatalf("started %q", k)
+		}
+	}
+	sleeping := func() bool {
+		var n int
+		db.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep'`).Scan(&n)
+		return n == 1
+	}
+	// Behind the cursor (a higher priority): only a claim from the front finds it. The first
+	// such claim runs in the claim loop's place and measures itself slow.
+	insert(t, db, "slow", nil, &pool.InsertOpts{Priority: -1})
+	if k := recvKind(t, started); k != "slow" {
+		t.Fatalf("started %q; want the slow job", k)
+	}
+	// The cursor is now at that job: the next one lands behind it too, found by the next claim
+	// from the front, which is due within a poll interval and runs beside the others.
+	insert(t, db, "slow", nil, &pool.InsertOpts{Priority: -2})
+	waitFor(t, 10*time.Second, sleeping)
+	insert(t, db, "fast", nil, nil)
+	first, second := recvKind(t, started), recvKind(t, started)
+	if first != "fast" || second != "slow" {
+		t.Fatalf("started %q, then %q; want the job inserted during the slow claim from the front first", first, second)
+	}
+}
+
+func recvKind(t *testing.T, ch <-chan string) string {
+	t.Helper()
+	select {
+	case k := <-ch:
+		return k
+	case <-time.After(20 * time.Second):
+		t.Fatal("no job started")
+		return ""
+	}
+}
