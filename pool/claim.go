@@ -15,14 +15,12 @@ import (
 // claimLoop claims up to the number of free slots until ctx is done. While work flows it claims
 // again at once, with up to ClaimsInFlight claims in flight, each for its share of the slots
 // (after a claim that took all it asked for, it lets slots free up for at most ClaimGather, so
-// that the next claim takes many jobs in one commit); a claim from the front that has become slow
-// (an old snapshot keeps the dead index entries of claimed jobs) runs beside them rather than in
-// their place. After an empty claim it polls every IdlePollInterval, one claim at a time; once it
-// has found nothing for WaitAfter it registers as waiting (so that inserts notify it), claims once
-// more to close the race with an insert that committed unseen (and again 1, 2, 4, ... 32 ms
-// later, for an insert still committing meanwhile), and then waits for a notification, a freed
-// slot or the PollInterval poll, which bounds that race. It unregisters as soon as it finds work
-// again. It returns only once every claim it started has returned and started its jobs.
+// that the next claim takes many jobs in one commit); after an empty claim it polls every IdlePollInterval, one claim at a time; once it has found
+// nothing for WaitAfter it registers as waiting (so that inserts notify it), claims once more to
+// close the race with an insert that committed unseen (and again 1, 2, 4, ... 32 ms later, for an
+// insert still committing meanwhile), and then waits for a notification, a freed slot or the
+// PollInterval poll, which bounds that race. It unregisters as soon as it finds work again. It
+// returns only once every claim it started has returned and started its jobs.
 func (p *Pool) claimLoop(ctx context.Context) {
 	poll := time.NewTimer(p.jitteredPoll())
 	defer poll.Stop()
@@ -31,7 +29,7 @@ func (p *Pool) claimLoop(ctx context.Context) {
 	defer idle.Stop()
 	w := &waiting{p: p}
 	defer w.unregister()
-	c := &claimsInFlight{results: make(chan claimResult, p.cfg.ClaimsInFlight+1)}
+	c := &claimsInFlight{results: make(chan claimResult, p.cfg.ClaimsInFlight)}
 	defer c.wait()
 	var idleSince time.Time // zero while work flows
 	claimNow := true        // false after an empty or failed claim, until a wake-up or timer
@@ -47,197 +45,163 @@ func (p *Pool) claimLoop(ctx context.Context) {
 		}
 		gathering := false
 		share := (p.cfg.Concurrency + k - 1) / k // what one claim asks for at most
-		if claimNow && ctx.Err() == nil && p.keeper.Healthy() {
-			if !c.sweeping && p.sweepDue() {
-				if free := p.cfg.Concurrency - int(p.active.Load()) - c.reserved; free > 0 {
-					c.start(ctx, p, max(1, free/2), claimSweep)
+		for claimNow && c.n < k && ctx.Err() == nil && p.keeper.Healthy() {
+			free := p.cfg.Concurrency - int(p.active.Load()) - c.reserved
+			if free <= 0 {
+				break
+			}
+			if saturated && free < share && p.cfg.ClaimGather > 0 {
+				// Jobs are waiting and some slots are still busy: let more free up for a moment
+				// (ClaimGather from the first), so that one claim and one commit take many jobs
+				// rather than each few.
+				now := time.Now()
+				if gatherUntil.IsZero() {
+					gatherUntil = now.Add(p.cfg.ClaimGather)
 				}
-			}
-			mode := claimAuto
-			if c.sweeping {
-				mode = claimPastCursor // the claim from the front is running beside
-			}
-			for c.n < k {
-				free := p.cfg.Concurrency - int(p.active.Load()) - c.reserved
-				if free <= 0 {
+				if now.Before(gatherUntil) {
+					gathering = true
 					break
 				}
-				if saturated && free < share && p.cfg.ClaimGather > 0 {
-					// Jobs are waiting and some slots are still busy: let more free up for a
-					// moment (ClaimGather from the first), so that one claim and one commit take
-					// many jobs rather than each few.
-					now := time.Now()
-					if gatherUntil.IsZero() {
-						gatherUntil = now.Add(p.cfg.ClaimGather)
+			}
+			gatherUntil = time.Time{}
+			free = min(free, share)
+			c.start(ctx, p, free)
+		}
+		if c.n > 0 {
+			// Wait for a claim to return, or for a reason to start another.
+			var gatherEnd <-chan time.Time
+			if gathering {
+				idle.Reset(max(time.Until(gatherUntil), time.Microsecond))
+				gatherEnd = idle.C
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case r := <-c.results:
+				c.done(r)
+				switch {
+				case r.err != nil:
+					if ctx.Err() != nil {
+						return
 					}
-					if now.Before(gatherUntil) {
-						gathering = true
-						break
+					p.log.WarnContext(ctx, "claiming jobs failed", slog.Any("err", r.err))
+					// Wait for a wake-up or the poll rather than spin; a notification that came
+					// while the claim ran is such a wake-up.
+					failed, saturated = true, false
+					claimNow, woken = woken, false
+				case r.n > 0:
+					idleSince, failed, claimNow = time.Time{}, false, true
+					saturated = r.n == r.limit
+					w.unregister()
+				default:
+					failed, saturated = false, false
+					if idleSince.IsZero() {
+						idleSince = time.Now()
 					}
+					// A notification that came while the claim ran may be for a job it missed.
+					claimNow, woken = woken, false
 				}
-				gatherUntil = time.Time{}
-				c.start(ctx, p, min(free, share), mode)
+			case <-p.wake:
+				woken, claimNow = true, true
+			case <-p.slotWake:
+				claimNow = true
+			case <-poll.C:
+				poll.Reset(p.jitteredPoll())
+				if w.registered {
+					w.register(ctx)
+				}
+				claimNow = true
+			case <-gatherEnd:
+				claimNow = true
+			}
+			if gathering {
+				idle.Stop()
+			}
+			continue
+		}
+		free := p.cfg.Concurrency - int(p.active.Load())
+		full := free <= 0
+		waited := !idleSince.IsZero() && time.Since(idleSince) >= p.cfg.WaitAfter
+		if !full && !failed && waited && !w.registered && time.Now().After(w.retryAt) {
+			if w.register(ctx) {
+				claimNow = true
+				continue // claim once more: an insert that did not see the registration is found now
 			}
 		}
 		var recheck time.Duration
-		if gathering {
+		switch {
+		case gathering:
 			recheck = max(time.Until(gatherUntil), time.Microsecond)
-		} else if c.n == 0 {
-			free := p.cfg.Concurrency - int(p.active.Load()) - c.reserved
-			full := free <= 0
-			waited := !idleSince.IsZero() && time.Since(idleSince) >= p.cfg.WaitAfter
-			if !full && !failed && waited && !w.registered && time.Now().After(w.retryAt) {
-				if w.register(ctx) {
-					claimNow = true
-					continue // claim once more: an insert that did not see the registration is found now
-				}
-			}
-			switch {
-			case full || failed || idleSince.IsZero():
-			case !w.registered && waited:
-				// Registering failed (and is tried again at the next poll): poll, not spin.
-			case !w.registered:
-				recheck = p.cfg.IdlePollInterval
-			case w.rechecks < registeredRechecks:
-				// Just registered: an insert whose trigger looked for waiters before the
-				// registration committed, and that committed after the claim that followed it,
-				// sent no notification. Its commit (a WAL flush) takes a few milliseconds: claim
-				// again at 1, 2, 4, ... 32 ms rather than leave it to the next poll.
-				recheck = time.Millisecond << w.rechecks
-				w.rechecks++
-			}
+		case full || failed || idleSince.IsZero():
+		case !w.registered && waited:
+			// Registering failed (and is tried again at the next poll): poll, not spin.
+		case !w.registered:
+			recheck = p.cfg.IdlePollInterval
+		case w.rechecks < registeredRechecks:
+			// Just registered: an insert whose trigger looked for waiters before the registration
+			// committed, and that committed after the claim that followed it, sent no
+			// notification. Its commit (a WAL flush) takes a few milliseconds: claim again at 1,
+			// 2, 4, ... 32 ms rather than leave it to the next poll.
+			recheck = time.Millisecond << w.rechecks
+			w.rechecks++
 		}
-		var timer <-chan time.Time
 		if recheck > 0 {
 			idle.Reset(recheck)
-			timer = idle.C
 		}
 		select {
 		case <-ctx.Done():
 			return
-		case r := <-c.results:
-			c.done(r)
-			switch {
-			case r.mode == claimSweep:
-				// It only adds to the others: what it found is work, what it did not find says
-				// nothing about the queue.
-				if r.err != nil && ctx.Err() == nil {
-					p.log.WarnContext(ctx, "claiming jobs from the front of the queue failed", slog.Any("err", r.err))
-				}
-				if r.n > 0 {
-					idleSince, claimNow = time.Time{}, true
-					w.unregister()
-				}
-			case r.err != nil:
-				if ctx.Err() != nil {
-					return
-				}
-				p.log.WarnContext(ctx, "claiming jobs failed", slog.Any("err", r.err))
-				// Wait for a wake-up or the poll rather than spin; a notification that came
-				// while the claim ran is such a wake-up.
-				failed, saturated = true, false
-				claimNow, woken = woken, false
-			case r.n > 0:
-				idleSince, failed, claimNow = time.Time{}, false, true
-				saturated = r.n == r.limit
-				w.unregister()
-			default:
-				failed, saturated = false, false
-				if idleSince.IsZero() {
-					idleSince = time.Now()
-				}
-				// A notification that came while the claim ran may be for a job it missed.
-				claimNow, woken = woken, false
-			}
 		case <-p.wake:
-			claimNow = true
-			woken = c.n > 0
 		case <-p.slotWake:
-			claimNow = true
-		case <-timer:
-			claimNow = true
+		case <-idle.C:
 		case <-poll.C:
 			poll.Reset(p.jitteredPoll())
 			if w.registered {
 				w.register(ctx) // refresh before it expires
 			}
-			claimNow = true
 		}
-		if timer != nil {
+		claimNow, woken = true, false
+		if recheck > 0 {
 			idle.Stop()
 		}
 	}
 }
 
-// claimMode says where a claim of a single queue starts.
-type claimMode int
-
-const (
-	claimAuto       claimMode = iota // past the cursor, or from the front when one is due
-	claimPastCursor                  // past the cursor: a claim from the front runs beside
-	claimSweep                       // from the front, beside the others
-)
-
-// sweepBeside is how long a claim from the front must take before it runs beside the other
-// claims rather than in their place: below it, it costs them little.
-const sweepBeside = 5 * time.Millisecond
-
-// sweepDue reports whether a claim from the front is due and slow enough to run beside the others.
-func (p *Pool) sweepDue() bool {
-	if len(p.cfg.Queues) != 1 || p.cfg.ClaimFromFront || p.queues.anyCapped() {
-		return false
-	}
-	sc := &p.scan
-	sc.mu.Lock()
-	defer sc.mu.Unlock()
-	return sc.after != nil && sc.fullCost >= sweepBeside && time.Since(sc.lastFull) >= sc.fullEvery(p.cfg.PollInterval)
-}
-
 // claimResult is what one claim in flight returned.
 type claimResult struct {
 	limit, n int
-	mode     claimMode
 	err      error
 }
 
 // claimsInFlight tracks the claim loop's claims in flight; only the claim loop uses it.
 type claimsInFlight struct {
-	n        int  // claims in flight, besides a sweep
-	sweeping bool // a claim from the front is in flight beside them
-	reserved int  // slots they asked for: not free for another claim until they return
+	n        int // claims in flight
+	reserved int // slots they asked for: not free for another claim until they return
 	results  chan claimResult
 }
 
 // start claims up to limit jobs in the background; its result arrives on c.results once the
 // jobs it claimed have started.
-func (c *claimsInFlight) start(ctx context.Context, p *Pool, limit int, mode claimMode) {
-	if mode == claimSweep {
-		c.sweeping = true
-	} else {
-		c.n++
-	}
+func (c *claimsInFlight) start(ctx context.Context, p *Pool, limit int) {
+	c.n++
 	c.reserved += limit
 	go func() {
-		n, err := p.claim(ctx, limit, mode)
-		c.results <- claimResult{limit: limit, n: n, mode: mode, err: err}
+		n, err := p.claim(ctx, limit)
+		c.results <- claimResult{limit: limit, n: n, err: err}
 	}()
 }
 
 // done accounts for a returned claim.
 func (c *claimsInFlight) done(r claimResult) {
-	if r.mode == claimSweep {
-		c.sweeping = false
-	} else {
-		c.n--
-	}
+	c.n--
 	c.reserved -= r.limit
 }
 
 // wait waits for every claim in flight: the jobs they claim are started (and handed back at
 // shutdown), never stranded.
 func (c *claimsInFlight) wait() {
-	for c.n > 0 || c.sweeping {
-		c.done(<-c.results)
+	for ; c.n > 0; c.n-- {
+		<-c.results
 	}
 }
 
@@ -301,7 +265,7 @@ func (p *Pool) jitteredPoll() time.Duration {
 // OutcomesWithClaims, outcomes waiting to be written ride along with the uncapped claim: they are
 // written in the same transaction, one commit for both. The statements are not cut short by
 // ctx: jobs they claim are always started (and handed back on shutdown), never stranded.
-func (p *Pool) claim(ctx context.Context, limit int, mode claimMode) (int, error) {
+func (p *Pool) claim(ctx context.Context, limit int) (int, error) {
 	p.refreshQueues(ctx)
 	plan := p.queues.plan(p.cfg.Queues)
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
@@ -327,7 +291,7 @@ func (p *Pool) claim(ctx context.Context, limit int, mode claimMode) (int, error
 		claimed += len(jobs)
 	}
 	if len(plan.uncapped) > 0 && claimed < limit {
-		n, err := p.claimUncapped(sctx, plan.uncapped, limit-claimed, mode)
+		n, err := p.claimUncapped(sctx, plan.uncapped, limit-claimed)
 		if err != nil {
 			firstErr = err
 		}
@@ -405,19 +369,12 @@ func (sc *claimScan) recheckFrom(now time.Time) int64 {
 
 // claimUncapped claims from queues in one statement, with waiting outcomes when
 // OutcomesWithClaims is on.
-func (p *Pool) claimUncapped(sctx context.Context, queues []string, limit int, mode claimMode) (int, error) {
+func (p *Pool) claimUncapped(sctx context.Context, queues []string, limit int) (int, error) {
 	params := store.ClaimParams{Queues: queues, Limit: limit, WorkerID: p.cfg.ID, Lease: p.cfg.LeaseDuration}
 	sc := &p.scan
 	single := len(queues) == 1 && !p.cfg.ClaimFromFront
 	sc.mu.Lock()
-	pastCursor := single && sc.queue == queues[0] && sc.after != nil
-	switch mode {
-	case claimSweep:
-		pastCursor = false
-	case claimAuto:
-		pastCursor = pastCursor && time.Since(sc.lastFull) < sc.fullEvery(p.cfg.PollInterval)
-	}
-	if pastCursor {
+	if single && sc.queue == queues[0] && sc.after != nil && time.Since(sc.lastFull) < sc.fullEvery(p.cfg.PollInterval) {
 		// Past the last job claimed, and cursorLag behind it within its priority: an insert whose
 		// transaction began before that job's (run_at is its transaction's start) but committed
 		// after the claim lands just behind it, and is found now rather than at the next claim
