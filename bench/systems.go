@@ -135,7 +135,6 @@ func stopRiver(c *river.Client[pgx.Tx]) {
 type counter struct {
 	n, target int64
 	done      chan struct{}
-	started   chan *pool.JobEvent
 }
 
 func newCounter(target int) *counter {
