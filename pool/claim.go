@@ -46,7 +46,7 @@ func (p *Pool) claimLoop(ctx context.Context) {
 		gathering := false
 		share := (p.cfg.Concurrency + k - 1) / k // what one claim asks for at most
 		for claimNow && c.n < k && ctx.Err() == nil && p.keeper.Healthy() {
-			free := p.cfg.Concurrency - int(p.active.Load()) - c.reserved
+			free := c.free(p)
 			if free <= 0 {
 				break
 			}
@@ -119,8 +119,7 @@ func (p *Pool) claimLoop(ctx context.Context) {
 			}
 			continue
 		}
-		free := p.cfg.Concurrency - int(p.active.Load())
-		full := free <= 0
+		full := c.free(p) <= 0
 		waited := !idleSince.IsZero() && time.Since(idleSince) >= p.cfg.WaitAfter
 		if !full && !failed && waited && !w.registered && time.Now().After(w.retryAt) {
 			if w.register(ctx) {
@@ -189,6 +188,11 @@ func (c *claimsInFlight) start(ctx context.Context, p *Pool, limit int) {
 		n, err := p.claim(ctx, limit)
 		c.results <- claimResult{limit: limit, n: n, err: err}
 	}()
+}
+
+// free is how many slots no running job and no claim in flight holds.
+func (c *claimsInFlight) free(p *Pool) int {
+	return p.cfg.Concurrency - int(p.active.Load()) - c.reserved
 }
 
 // done accounts for a returned claim.
