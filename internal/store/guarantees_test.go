@@ -2,7 +2,9 @@ package store_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 	"unicode/utf8"
@@ -356,6 +358,102 @@ func TestInsertNotifiesOnlyWaitedQueues(t *testing.T) {
 	}
 	if strings.Join(got, ",") != "idle,idle" {
 		t.Fatalf("notifications %v, want [idle idle] (one insert, one COPY)", got)
+	}
+}
+
+// While no registration is live, an insert does not run the wake-up trigger's function at all
+// (the trigger's WHEN reads leash.waiting_until); while one is, it does. Hand-made rows with
+// infinite expiries are clamped, not errors.
+func TestInsertSkipsTriggerFunctionWhileNobodyWaits(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	ctx := context.Background()
+	db := pgtest.PoolFor(t, url)
+	calls := func() int64 {
+		t.Helper()
+		tx, err := db.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx)
+		exec(t, tx, "SET LOCAL track_functions = 'pl'")
+		// The view holds the backend's counts not yet reported, which can include earlier
+		// transactions': count the difference.
+		count := func() (n int64) {
+			if err := tx.QueryRow(ctx, `
+				SELECT coalesce(sum(calls), 0) FROM pg_stat_xact_user_functions
+				WHERE schemaname = 'leash' AND funcname = 'notify_job_available'`).Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+		before := count()
+		if _, err := store.Insert(ctx, tx, jp(store.InsertParams{Kind: "k"})); err != nil {
+			t.Fatal(err)
+		}
+		return count() - before
+	}
+	steps := []struct {
+		name string
+		sql  string
+		want int64
+	}{
+		{"nobody registered", "SELECT", 0},
+		{"a worker waits", "INSERT INTO leash.waiters VALUES ('default', 'w1', now() + interval '1 hour')", 1},
+		{"it found work", "DELETE FROM leash.waiters WHERE waiter = 'w1'", 0},
+		{"a dead worker's row", "INSERT INTO leash.waiters VALUES ('default', 'dead', now() - interval '1 second')", 0},
+		{"a row that never expires", "INSERT INTO leash.waiters VALUES ('default', 'forever', 'infinity')", 1},
+		{"and one long gone", "UPDATE leash.waiters SET expires_at = '-infinity' WHERE waiter = 'forever'", 0},
+		{"registered again", "UPDATE leash.waiters SET expires_at = now() + interval '1 minute'", 1},
+		{"emptied", "TRUNCATE leash.waiters", 0},
+	}
+	for _, s := range steps {
+		exec(t, db, s.sql)
+		if got := calls(); got != s.want {
+			t.Fatalf("%s: the trigger's function ran %d times for one insert, want %d", s.name, got, s.want)
+		}
+	}
+}
+
+// Workers registering and unregistering at once leave the hint at the latest live expiry: an
+// insert never skips a waiting worker's wake-up because two registrations raced.
+func TestWaitingHintUnderConcurrentRegistrations(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	ctx := context.Background()
+	db := pgtest.PoolFor(t, url)
+	for round := range 5 {
+		var wg sync.WaitGroup
+		for w := range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				name := fmt.Sprintf("w%d", w)
+				for i := range 10 {
+					if err := store.RegisterWaiter(ctx, db, name, []string{"a", "b"}, time.Duration(1+w+i)*time.Minute); err != nil {
+						t.Error(err)
+						return
+					}
+					if (w+i+round)%3 == 0 {
+						if err := store.UnregisterWaiter(ctx, db, name); err != nil {
+							t.Error(err)
+							return
+						}
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		var hint, want int64
+		if err := db.QueryRow(ctx, `
+			SELECT pg_sequence_last_value('leash.waiting_until'),
+			       coalesce(date_part('epoch', max(expires_at)) * 1000, 0)::bigint
+			FROM leash.waiters`).Scan(&hint, &want); err != nil {
+			t.Fatal(err)
+		}
+		if hint != want {
+			t.Fatalf("round %d: hint %d, want the latest registration's expiry %d", round, hint, want)
+		}
 	}
 }
 

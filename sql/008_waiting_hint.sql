@@ -1,0 +1,54 @@
+-- leash 008: an insert skips the wake-up trigger's function while no worker waits. Under load
+-- nobody waits (busy workers are not registered), yet every insert ran the PL/pgSQL function only
+-- to find that out with a query of leash.waiters: about a tenth of a single-row insert's cost.
+-- A sequence now holds, in milliseconds since the epoch, the latest expiry of any registration;
+-- the trigger's WHEN reads it with a function call (no query, no lock inserts contend on) and calls
+-- the function only while it is in the future. The function still checks each queue's
+-- registrations, as before.
+-- Safe to apply while workers of the previous release run: they register with the same
+-- statements, and the trigger on leash.waiters below keeps the hint for them too.
+
+-- The latest expires_at in leash.waiters, as milliseconds since the epoch; 0 when there is none.
+-- Maintained by the trigger below, never by hand.
+CREATE SEQUENCE IF NOT EXISTS leash.waiting_until AS bigint MINVALUE 0 START 0;
+
+-- Whoever inserts jobs reads it in the trigger's WHEN.
+GRANT SELECT ON SEQUENCE leash.waiting_until TO PUBLIC;
+
+-- Sets leash.waiting_until from the registrations. Called after every statement that changes
+-- them. A setval is seen at once, before the registration commits, so the hint is never behind a
+-- registration an insert could see. Runs as its owner, so that workers need no right on the
+-- sequence, and serialized by a transaction-level advisory lock ("leashwt" in ASCII): of two
+-- workers changing their registrations at once, the one that sets the hint last has seen the
+-- other's committed rows. Infinite expiries (hand-made rows) are clamped.
+CREATE OR REPLACE FUNCTION leash.set_waiting_until() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(30510766707210100);
+    PERFORM setval('leash.waiting_until', (
+        SELECT greatest(0, least(9e18, coalesce(date_part('epoch', max(w.expires_at)) * 1000, 0)))::bigint
+        FROM leash.waiters w));
+    RETURN NULL;
+END;
+$$;
+
+DROP TRIGGER IF EXISTS waiters_changed ON leash.waiters;
+CREATE TRIGGER waiters_changed
+    AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON leash.waiters
+    FOR EACH STATEMENT EXECUTE FUNCTION leash.set_waiting_until();
+
+-- The registrations already there (workers of the previous release waiting now).
+SELECT setval('leash.waiting_until', (
+    SELECT greatest(0, least(9e18, coalesce(date_part('epoch', max(w.expires_at)) * 1000, 0)))::bigint
+    FROM leash.waiters w));
+
+-- The same trigger, called only while some registration may be live. now() is the inserting
+-- transaction's start: a long transaction compares an earlier time, so it calls the function more
+-- often, never less.
+DROP TRIGGER jobs_notify_available ON leash.jobs;
+CREATE TRIGGER jobs_notify_available
+    AFTER INSERT ON leash.jobs
+    REFERENCING NEW TABLE AS new_jobs
+    FOR EACH STATEMENT
+    WHEN (pg_sequence_last_value('leash.waiting_until'::regclass) > date_part('epoch', now()) * 1000)
+    EXECUTE FUNCTION leash.notify_job_available();
