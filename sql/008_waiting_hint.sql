@@ -4,7 +4,7 @@
 -- A sequence now holds, in milliseconds since the epoch, the latest expiry of any registration;
 -- the trigger's WHEN reads it with a function call (no query, no lock inserts contend on) and calls
 -- the function only while it is in the future. The function still checks each queue's
--- registrations, as before.
+-- registrations, as before, and now notifies without a SQL function's planning per call.
 -- Safe to apply while workers of the previous release run: they register with the same
 -- statements, and the trigger on leash.waiters below keeps the hint for them too.
 
@@ -41,6 +41,35 @@ CREATE TRIGGER waiters_changed
 SELECT setval('leash.waiting_until', (
     SELECT greatest(0, least(9e18, coalesce(date_part('epoch', max(w.expires_at)) * 1000, 0)))::bigint
     FROM leash.waiters w));
+
+-- The trigger's function, for when some worker may wait: the queues of this statement's runnable
+-- rows that a live registration waits on, one notification each. pg_notify is called directly
+-- (an expression, evaluated in place) rather than through leash.notify_available, a SQL function
+-- whose body PostgreSQL plans again at every call: a single-row insert's trigger went from about
+-- 110 us to about 30 us, and it lies on the way from an idle worker's insert to its pickup.
+CREATE OR REPLACE FUNCTION leash.notify_job_available() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    q    text;
+    sent boolean;
+BEGIN
+    -- Skipped when the notification queue is over half full, so that a stuck listener can never
+    -- make inserts fail: workers poll as well.
+    IF pg_notification_queue_usage() > 0.5 THEN
+        RETURN NULL;
+    END IF;
+    FOR q IN
+        SELECT d.queue FROM (
+            SELECT DISTINCT n.queue FROM new_jobs n
+            WHERE n.state IN ('available', 'retryable') AND n.run_at <= now()
+        ) d
+        WHERE EXISTS (SELECT FROM leash.waiters w WHERE w.queue = d.queue AND w.expires_at > now())
+    LOOP
+        sent := pg_notify('job_available', q) IS NOT NULL;
+    END LOOP;
+    RETURN NULL;
+END;
+$$;
 
 -- The same trigger, called only while some registration may be live. now() is the inserting
 -- transaction's start: a long transaction compares an earlier time, so it calls the function more
