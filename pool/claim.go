@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/leashq/leash/internal/store"
@@ -65,7 +66,9 @@ func (p *Pool) claimLoop(ctx context.Context) {
 			}
 			gatherUntil = time.Time{}
 			free = min(free, share)
-			c.start(ctx, p, free)
+			if free -= c.startFrontBeside(ctx, p, free); free > 0 {
+				c.start(ctx, p, free)
+			}
 		}
 		if c.n > 0 {
 			// Wait for a claim to return, or for a reason to start another.
@@ -177,6 +180,10 @@ type claimsInFlight struct {
 	n        int // claims in flight
 	reserved int // slots they asked for: not free for another claim until they return
 	results  chan claimResult
+	// A claim from the front running beside the others (see startFrontBeside): the slots it
+	// asked for, until it returns, and its goroutine.
+	sideReserved atomic.Int64
+	side         sync.WaitGroup
 }
 
 // start claims up to limit jobs in the background; its result arrives on c.results once the
@@ -192,7 +199,34 @@ func (c *claimsInFlight) start(ctx context.Context, p *Pool, limit int) {
 
 // free is how many slots no running job and no claim in flight holds.
 func (c *claimsInFlight) free(p *Pool) int {
-	return p.cfg.Concurrency - int(p.active.Load()) - c.reserved
+	return p.cfg.Concurrency - int(p.active.Load()) - c.reserved - int(c.sideReserved.Load())
+}
+
+// startFrontBeside starts a claim from the front beside the claims past the cursor when one is
+// due and such claims have become slow (see claimScan.besideDue), for half of free (at least 1),
+// and returns how many slots it took. It returns 0 when none is due.
+func (c *claimsInFlight) startFrontBeside(ctx context.Context, p *Pool, free int) int {
+	if free <= 0 {
+		return 0
+	}
+	queue, ok := p.scan.besideDue(p)
+	if !ok {
+		return 0
+	}
+	limit := max(free/2, 1)
+	c.sideReserved.Add(int64(limit))
+	c.side.Add(1)
+	go func() {
+		defer c.side.Done()
+		err := p.claimFrontBeside(ctx, queue, limit)
+		c.sideReserved.Add(-int64(limit))
+		if err != nil && ctx.Err() == nil {
+			p.log.WarnContext(ctx, "claiming jobs from the front failed", slog.String("queue", queue), slog.Any("err", err))
+		}
+		// Its slots are free again, and it may have taken the cursor back: claim now.
+		p.poke(p.slotWake)
+	}()
+	return limit
 }
 
 // done accounts for a returned claim.
@@ -207,6 +241,7 @@ func (c *claimsInFlight) wait() {
 	for ; c.n > 0; c.n-- {
 		<-c.results
 	}
+	c.side.Wait()
 }
 
 // registeredRechecks is how many claims follow a fresh registration at 1, 2, 4, ... ms.
@@ -317,6 +352,12 @@ type claimScan struct {
 	after    *store.ClaimCursor
 	lastFull time.Time
 	fullCost time.Duration // how long the last claim from the front took
+	side     bool          // a claim from the front runs beside the others
+	// gen counts the times a claim from the front beside the others took the cursor back: a
+	// claim past the cursor that began before does not move it on.
+	gen uint64
+	// Tests set these; zero means frontBesideCost and fullEveryFloor.
+	besideCost, everyFloor time.Duration
 	// passed is where the cursor stood after each recent claim, oldest first: a claim past the
 	// cursor looks again at the jobs of the cursor's priority and run_at that the claims of the
 	// last cursorLag passed over (see store.ClaimParams.RecheckFromID).
@@ -337,7 +378,37 @@ const cursorLag = 100 * time.Millisecond
 // old snapshot keeps at the front; at least every 10ms, and at least once per poll interval, so
 // that no runnable job waits behind the cursor longer than a poll.
 func (sc *claimScan) fullEvery(poll time.Duration) time.Duration {
-	return min(max(20*sc.fullCost, 10*time.Millisecond), poll)
+	return min(max(20*sc.fullCost, cmp.Or(sc.everyFloor, fullEveryFloor)), poll)
+}
+
+// frontBesideCost is what a claim from the front must cost before it runs beside the claims past
+// the cursor rather than in their place. Below it, a claim from the front every fullEvery stalls
+// the claim loop for at most 5% of its time in steps of at most that; above it (dead index
+// entries an old snapshot keeps at the front), it would stall the loop for that long at every
+// poll interval.
+const frontBesideCost = 10 * time.Millisecond
+
+// fullEveryFloor is how often at most a claim starts from the front.
+const fullEveryFloor = 10 * time.Millisecond
+
+// beside reports whether claims from the front run beside the claims past the cursor: they have
+// become slow, there is one queue to claim, and there is a control connection to spare for them
+// (renewals and outcomes keep theirs). Called with sc.mu held.
+func (sc *claimScan) beside(p *Pool) bool {
+	return sc.fullCost >= cmp.Or(sc.besideCost, frontBesideCost) && !p.cfg.ClaimFromFront && len(p.cfg.Queues) == 1 &&
+		(p.cfg.ControlConns < 0 || p.cfg.ControlConns >= p.cfg.ClaimsInFlight+3)
+}
+
+// besideDue reports whether a claim from the front is due beside the others, and for which
+// queue; if so, it is recorded as running.
+func (sc *claimScan) besideDue(p *Pool) (string, bool) {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	if sc.after == nil || sc.side || !sc.beside(p) || time.Since(sc.lastFull) < sc.fullEvery(p.cfg.PollInterval) {
+		return "", false
+	}
+	sc.side = true
+	return sc.queue, true
 }
 
 // moved records the cursor's position after a claim, and forgets positions it no longer needs:
@@ -378,7 +449,9 @@ func (p *Pool) claimUncapped(sctx context.Context, queues []string, limit int) (
 	sc := &p.scan
 	single := len(queues) == 1 && !p.cfg.ClaimFromFront
 	sc.mu.Lock()
-	if single && sc.queue == queues[0] && sc.after != nil && time.Since(sc.lastFull) < sc.fullEvery(p.cfg.PollInterval) {
+	gen := sc.gen
+	if single && sc.queue == queues[0] && sc.after != nil &&
+		(time.Since(sc.lastFull) < sc.fullEvery(p.cfg.PollInterval) || sc.beside(p)) {
 		// Past the last job claimed, and cursorLag behind it within its priority: an insert whose
 		// transaction began before that job's (run_at is its transaction's start) but committed
 		// after the claim lands just behind it, and is found now rather than at the next claim
@@ -442,7 +515,7 @@ func (p *Pool) claimUncapped(sctx context.Context, queues []string, limit int) (
 		// runnable ahead of it); past the cursor, it only moves on. A claim that finds nothing
 		// keeps it: nothing runnable is left behind it.
 		sc.mu.Lock()
-		if params.After == nil || sc.after == nil || sc.after.Less(*last) {
+		if params.After == nil || sc.after == nil || (sc.gen == gen && sc.after.Less(*last)) {
 			sc.after = last
 			sc.moved(time.Now())
 		}
@@ -450,6 +523,38 @@ func (p *Pool) claimUncapped(sctx context.Context, queues []string, limit int) (
 	}
 	p.startAll(jobs, sentAt)
 	return len(jobs), nil
+}
+
+// claimFrontBeside claims up to limit jobs of queue from the front of the index while the
+// claims past the cursor go on, and starts them. When it takes all it asked for, more jobs may
+// wait behind the cursor (a burst of a higher priority, or of run_at in the past): it takes the
+// cursor back to the last of them, so that the claims past the cursor drain the rest at their
+// pace rather than this claim at one per poll interval.
+func (p *Pool) claimFrontBeside(ctx context.Context, queue string, limit int) error {
+	sc := &p.scan
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	params := store.ClaimParams{Queues: []string{queue}, Limit: limit, WorkerID: p.cfg.ID, Lease: p.cfg.LeaseDuration}
+	began := time.Now()
+	jobs, err := store.Claim(sctx, p.control(), params)
+	sc.mu.Lock()
+	sc.side = false
+	if err == nil {
+		sc.lastFull, sc.fullCost = began, time.Since(began)
+		last := store.LastClaimed(jobs)
+		if len(jobs) == limit && last != nil && sc.queue == queue && sc.after != nil && last.Less(*sc.after) {
+			sc.after = last
+			sc.gen++
+			sc.passed = nil
+			sc.moved(time.Now())
+		}
+	}
+	sc.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	p.startAll(jobs, began)
+	return nil
 }
 
 // startAll counts and starts the jobs one claim returned.

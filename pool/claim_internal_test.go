@@ -1,9 +1,12 @@
 package pool
 
 import (
+	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/leashq/leash/internal/pgtest"
 	"github.com/leashq/leash/internal/store"
 )
 
@@ -54,5 +57,77 @@ func TestRecheckFromWhereClaimsStoodALagAgo(t *testing.T) {
 	check(520, 500)
 	if n := len(sc.passed); n != 2 {
 		t.Fatalf("%d positions kept; want 2 (the newest a lag old, and the last)", n)
+	}
+}
+
+// While claims from the front are slow they run beside the claims past the cursor. One that
+// takes all it asked for takes the cursor back, so that a backlog behind the cursor (here jobs
+// with a run_at an hour old) drains at the pace of the claims, not one such claim per poll.
+// The concurrency bound holds throughout.
+func TestClaimFromFrontBesideTakesCursorBack(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	const concurrency, backlog = 20, 200
+	poll := 400 * time.Millisecond
+	p, err := New(db, Config{Concurrency: concurrency, PollInterval: poll})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Every claim from the front runs beside the others, at most once per poll.
+	p.scan.besideCost, p.scan.everyFloor = time.Nanosecond, poll
+	var running, most atomic.Int64
+	started := make(chan time.Time, backlog+10)
+	if err := p.Register("k", HandlerFunc(func(context.Context, *Job) error {
+		n := running.Add(1)
+		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+		}
+		time.Sleep(time.Millisecond)
+		running.Add(-1)
+		started <- time.Now()
+		return nil
+	})); err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); p.Run(rctx) }()
+	defer func() { cancel(); <-done }()
+	// A few jobs set the cursor.
+	for range 5 {
+		if _, err := Insert(ctx, db, "k", nil, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 5 {
+		<-started
+	}
+	if _, err := db.Exec(ctx, `
+		INSERT INTO leash.jobs (kind, run_at) SELECT 'k', now() - interval '1 hour' FROM generate_series(1, $1)`, backlog); err != nil {
+		t.Fatal(err)
+	}
+	inserted := time.Now()
+	timeout := time.After(30 * time.Second)
+	var last time.Time
+	for range backlog {
+		select {
+		case last = <-started:
+		case <-timeout:
+			t.Fatal("the backlog behind the cursor did not drain")
+		}
+	}
+	// A claim beside takes at most half the slots, once per poll: 20 polls for the backlog
+	// without the cursor taken back. With it, about one poll and the claims' pace.
+	if took := last.Sub(inserted); took > 5*poll {
+		t.Fatalf("the backlog behind the cursor took %s to start, want at most %s", took, 5*poll)
+	}
+	if m := most.Load(); m > concurrency {
+		t.Fatalf("%d handlers at once, more than Concurrency %d", m, concurrency)
+	}
+	p.scan.mu.Lock()
+	gen := p.scan.gen
+	p.scan.mu.Unlock()
+	if gen == 0 {
+		t.Fatal("no claim from the front took the cursor back")
 	}
 }
