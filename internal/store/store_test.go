@@ -3,6 +3,7 @@ package store_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -592,5 +593,63 @@ func TestClaimManyQueuesInOrder(t *testing.T) {
 	db.QueryRow(ctx, `SELECT count(*) FROM leash.jobs WHERE queue = 'low' AND state = 'available'`).Scan(&available)
 	if available != 48 {
 		t.Fatalf("%d of low still available; want 48 (heads locked but not taken are released)", available)
+	}
+}
+
+// A claim's generic plan, made while leash.jobs is empty and never analyzed (a fresh database,
+// the first claims of a worker), must not scan the whole table: with an old snapshot keeping
+// every dead row, such a scan would grow with every job claimed until the next ANALYZE.
+func TestClaimGenericPlanDoesNotScanTheTable(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	ctx := context.Background()
+	conn, err := db.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, "ALTER TABLE leash.jobs SET (autovacuum_enabled = off); SET plan_cache_mode = force_generic_plan"); err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Exec(ctx, "RESET plan_cache_mode; DEALLOCATE ALL")
+	literal := func(v any) string {
+		switch v := v.(type) {
+		case string:
+			return "'" + v + "'"
+		case []string:
+			return "ARRAY['" + strings.Join(v, "','") + "']"
+		case time.Time:
+			return "'" + v.Format(time.RFC3339Nano) + "'::timestamptz"
+		default:
+			return fmt.Sprint(v)
+		}
+	}
+	cursor := &store.ClaimCursor{RunAt: time.Now(), ID: 10}
+	for i, p := range []store.ClaimParams{
+		{Queues: []string{"q"}, Limit: 100, WorkerID: "w", Lease: time.Minute},
+		{Queues: []string{"q"}, Limit: 100, WorkerID: "w", Lease: time.Minute, After: cursor, Lag: 100 * time.Millisecond, RecheckFromID: 5},
+		{Queues: []string{"q", "r"}, Limit: 100, WorkerID: "w", Lease: time.Minute},
+	} {
+		q, args := store.ClaimQuery(p)
+		name := fmt.Sprintf("claim%d", i)
+		if _, err := conn.Exec(ctx, "PREPARE "+name+" AS "+q); err != nil {
+			t.Fatal(err)
+		}
+		lits := make([]string, len(args))
+		for j, a := range args {
+			lits[j] = literal(a)
+		}
+		rows, err := conn.Query(ctx, "EXPLAIN (COSTS OFF) EXECUTE "+name+"("+strings.Join(lits, ", ")+")")
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		text := strings.Join(lines, "\n")
+		if strings.Contains(text, "Seq Scan on jobs") || !strings.Contains(text, "Tid Scan on jobs") {
+			t.Fatalf("claim %d: generic plan on an empty table:\n%s", i, text)
+		}
 	}
 }
