@@ -199,7 +199,10 @@ func (c *claimsInFlight) start(ctx context.Context, p *Pool, limit int) {
 
 // free is how many slots no running job and no claim in flight holds.
 func (c *claimsInFlight) free(p *Pool) int {
-	return p.cfg.Concurrency - int(p.active.Load()) - c.reserved - int(c.sideReserved.Load())
+	// The claim from the front beside the others starts its jobs (active) before it releases its
+	// reservation: read the reservation first, so that those jobs are never counted in neither.
+	side := int(c.sideReserved.Load())
+	return p.cfg.Concurrency - int(p.active.Load()) - c.reserved - side
 }
 
 // startFrontBeside starts a claim from the front beside the claims past the cursor when one is
@@ -539,8 +542,11 @@ func (p *Pool) claimFrontBeside(ctx context.Context, queue string, limit int) er
 	jobs, err := store.Claim(sctx, p.control(), params)
 	sc.mu.Lock()
 	sc.side = false
+	// A failed one (a statement timeout on a bloated index) is tried again after fullEvery, not
+	// at once: the claim loop goes on past the cursor meanwhile.
+	sc.lastFull = began
 	if err == nil {
-		sc.lastFull, sc.fullCost = began, time.Since(began)
+		sc.fullCost = time.Since(began)
 		last := store.LastClaimed(jobs)
 		if len(jobs) == limit && last != nil && sc.queue == queue && sc.after != nil && last.Less(*sc.after) {
 			sc.after = last

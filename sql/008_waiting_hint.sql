@@ -21,9 +21,15 @@ GRANT SELECT ON SEQUENCE leash.waiting_until TO PUBLIC;
 -- sequence, and serialized by a transaction-level advisory lock ("leashwt" in ASCII): of two
 -- workers changing their registrations at once, the one that sets the hint last has seen the
 -- other's committed rows. Infinite expiries (hand-made rows) are clamped.
+-- The lock is waited for at most a second: anyone may take an advisory lock, and a worker whose
+-- registration fails polls. setval writes WAL, so a registration's commit now waits for a WAL
+-- flush (leash.waiters alone is unlogged); registrations come from idle workers only.
+-- Under REPEATABLE READ (a role's default_transaction_isolation) the snapshot predates the lock,
+-- and a concurrent registration can be missed until its worker refreshes it at its next poll.
 CREATE OR REPLACE FUNCTION leash.set_waiting_until() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
+    PERFORM set_config('lock_timeout', '1s', true);
     PERFORM pg_advisory_xact_lock(30510766707210100);
     PERFORM setval('leash.waiting_until', (
         SELECT greatest(0, least(9e18, coalesce(date_part('epoch', max(w.expires_at)) * 1000, 0)))::bigint
@@ -31,6 +37,9 @@ BEGIN
     RETURN NULL;
 END;
 $$;
+
+-- Only its trigger runs it (it runs with its owner's rights).
+REVOKE ALL ON FUNCTION leash.set_waiting_until() FROM PUBLIC;
 
 DROP TRIGGER IF EXISTS waiters_changed ON leash.waiters;
 CREATE TRIGGER waiters_changed
@@ -79,5 +88,7 @@ CREATE TRIGGER jobs_notify_available
     AFTER INSERT ON leash.jobs
     REFERENCING NEW TABLE AS new_jobs
     FOR EACH STATEMENT
-    WHEN (pg_sequence_last_value('leash.waiting_until'::regclass) > date_part('epoch', now()) * 1000)
+    WHEN (pg_catalog.pg_sequence_last_value('leash.waiting_until'::regclass)::double precision
+          OPERATOR(pg_catalog.>)
+          (pg_catalog.date_part('epoch', pg_catalog.now()) OPERATOR(pg_catalog.*) 1000::double precision))
     EXECUTE FUNCTION leash.notify_job_available();

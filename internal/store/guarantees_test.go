@@ -497,3 +497,50 @@ func TestProgressWithHostileEscapes(t *testing.T) {
 		}
 	}
 }
+
+// A role that may only insert jobs inserts whether or not a worker waits (the trigger's WHEN
+// reads leash.waiting_until, granted to PUBLIC), and cannot run the hint's owner-rights function
+// from a trigger of its own, which could set the hint to "nobody waits".
+func TestInserterRoleAndTheWaitingHint(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	ctx := context.Background()
+	role := fmt.Sprintf("leash_inserter_%d", time.Now().UnixNano()%1e9)
+	conn, err := db.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	defer conn.Exec(ctx, "RESET ROLE")
+	t.Cleanup(func() {
+		db.Exec(ctx, "DROP OWNED BY "+role)
+		db.Exec(ctx, "DROP ROLE IF EXISTS "+role)
+	})
+	for _, sql := range []string{
+		"CREATE ROLE " + role + " NOLOGIN",
+		"GRANT USAGE ON SCHEMA leash TO " + role,
+		"GRANT INSERT ON leash.jobs TO " + role,
+		"GRANT USAGE ON ALL SEQUENCES IN SCHEMA leash TO " + role,
+		"REVOKE USAGE ON SEQUENCE leash.waiting_until FROM " + role,
+		"SET ROLE " + role,
+	} {
+		if _, err := conn.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	insert := "INSERT INTO leash.jobs (kind) VALUES ('k')"
+	if _, err := conn.Exec(ctx, insert); err != nil {
+		t.Fatalf("insert while nobody waits: %v", err)
+	}
+	if err := store.RegisterWaiter(ctx, db, "w", []string{"default"}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, insert); err != nil {
+		t.Fatalf("insert while a worker waits: %v", err)
+	}
+	_, err = conn.Exec(ctx, `CREATE TEMP TABLE mine (x int);
+		CREATE TRIGGER forged AFTER INSERT ON mine FOR EACH STATEMENT EXECUTE FUNCTION leash.set_waiting_until()`)
+	if err == nil || !strings.Contains(err.Error(), "permission denied") {
+		t.Fatalf("a role of no rights attached the hint's function to its own table: %v", err)
+	}
+}
