@@ -172,6 +172,23 @@ func (b *bench) freshDB(ctx context.Context) string {
 	return u
 }
 
+// dropDB drops the database of url, so that vacuuming what a long run left behind does not load
+// the runs after it.
+func (b *bench) dropDB(ctx context.Context, url string) {
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		fail(err)
+	}
+	conn, err := pgx.Connect(ctx, b.admin)
+	if err != nil {
+		fail(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "DROP DATABASE "+pgx.Identifier{cfg.Database}.Sanitize()+" WITH (FORCE)"); err != nil {
+		fail(err)
+	}
+}
+
 func withDB(connString, db string) string {
 	cfg, err := pgx.ParseConfig(connString)
 	if err != nil {

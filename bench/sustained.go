@@ -51,6 +51,9 @@ func (b *bench) sustained(ctx context.Context) {
 
 func (b *bench) sustainedRun(ctx context.Context, scenario, system string, rate, minutes int, held bool) {
 	url := b.freshDB(ctx)
+	// Dropped at the end: autovacuum would otherwise clean up millions of dead rows under the
+	// next run.
+	defer b.dropDB(ctx, url)
 	db := open(ctx, url, 30)
 	defer db.Close()
 	if held {
