@@ -106,15 +106,6 @@ const MaxTraceContextBytes = 4096
 // context read back as none.
 const claimTraceContextBytes = 2 * MaxTraceContextBytes
 
-// PlanEachTime is the pgx mode of the statements that join leash.jobs with a list of ids
-// (outcomes, renewals): parsed and planned at every execution, in the same round trip, from the
-// table's size at that moment. A prepared statement's generic plan, made after five executions
-// while leash.jobs was small or never analyzed, hashed a sequential scan of the whole table for
-// that join and kept doing so until the next ANALYZE, while the table grew with every job: outcome
-// batches of 40-200 ms in the first minute of sustained load (measured), which held the control
-// connections the claims need. Planning costs about 0.15 ms a statement, one per outcome batch.
-const PlanEachTime = pgx.QueryExecModeCacheDescribe
-
 // claimTail leases the picked rows and returns them. It finds each row by the ctid the pick
 // locked (a TID scan, the cheapest plan whatever the statistics say), not by a join on id: a
 // generic plan made while leash.jobs was empty or never analyzed joins on id by hashing a
@@ -381,8 +372,14 @@ type RenewParams struct {
 	Lease  time.Duration
 }
 
-// renewSQL extends the leases of ids $1 under tokens $2 by $3 ms (see Renew).
-const renewSQL = `
+// Renew extends every lease that is still held under its token and not revoked, in one
+// statement, and returns the tokens of the leases it extended (a worker may hold two claims of
+// one job: one taken over and still stopping, and the current one). It never waits on a row lock: a row another
+// transaction holds (a handler's fenced transaction, an operator's revoke_job, an outcome being
+// written) is skipped and so missing from the result like a lost one; LeaseStates tells the two
+// apart, and the skipped lease is renewed by a later statement or runs out of trust.
+func Renew(ctx context.Context, db DBTX, p RenewParams) ([]int64, error) {
+	rows, err := db.Query(ctx, `
 		WITH locked AS (
 			SELECT j.id FROM leash.jobs j
 			JOIN unnest($1::bigint[], $2::bigint[]) AS u(id, token) ON j.id = u.id AND j.lease_token = u.token
@@ -394,17 +391,7 @@ const renewSQL = `
 		SET lease_expires_at = now() + $3 * interval '1 millisecond', heartbeat_at = now()
 		FROM locked
 		WHERE j.id = locked.id
-		RETURNING j.lease_token`
-
-// Renew extends every lease that is still held under its token and not revoked, in one
-// statement, and returns the tokens of the leases it extended (a worker may hold two claims of
-// one job: one taken over and still stopping, and the current one). It never waits on a row lock: a row another
-// transaction holds (a handler's fenced transaction, an operator's revoke_job, an outcome being
-// written) is skipped and so missing from the result like a lost one; LeaseStates tells the two
-// apart, and the skipped lease is renewed by a later statement or runs out of trust. It is
-// planned at every execution (see PlanEachTime).
-func Renew(ctx context.Context, db DBTX, p RenewParams) ([]int64, error) {
-	rows, err := db.Query(ctx, renewSQL, PlanEachTime, p.IDs, p.Tokens, millis(p.Lease))
+		RETURNING j.lease_token`, p.IDs, p.Tokens, millis(p.Lease))
 	if err != nil {
 		return nil, fmt.Errorf("renew leases: %w", err)
 	}

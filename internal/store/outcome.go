@@ -70,13 +70,13 @@ func (o *Outcome) encodeError() (*string, error) {
 // returns what it wrote. It never waits on a row lock. An id missing from the result had lost
 // its lease, or its row was locked by another transaction (StillHeld tells them apart): nothing
 // was written for it. A statement error fails the whole batch; the caller splits it to find the
-// bad item. It is planned at every execution (see PlanEachTime).
+// bad item.
 func Finish(ctx context.Context, db DBTX, outs []Outcome) ([]Written, error) {
 	q, args, err := finishQuery(outs)
 	if err != nil {
 		return nil, err
 	}
-	rows, err := db.Query(ctx, q, append([]any{PlanEachTime}, args...)...)
+	rows, err := db.Query(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("finish jobs: %w", err)
 	}
