@@ -505,29 +505,11 @@ func TestInserterRoleAndTheWaitingHint(t *testing.T) {
 	t.Parallel()
 	db := pgtest.Pool(t)
 	ctx := context.Background()
-	role := fmt.Sprintf("leash_inserter_%d", time.Now().UnixNano()%1e9)
-	conn, err := db.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Release()
-	defer conn.Exec(ctx, "RESET ROLE")
-	t.Cleanup(func() {
-		db.Exec(ctx, "DROP OWNED BY "+role)
-		db.Exec(ctx, "DROP ROLE IF EXISTS "+role)
-	})
-	for _, sql := range []string{
-		"CREATE ROLE " + role + " NOLOGIN",
-		"GRANT USAGE ON SCHEMA leash TO " + role,
-		"GRANT INSERT ON leash.jobs TO " + role,
-		"GRANT USAGE ON ALL SEQUENCES IN SCHEMA leash TO " + role,
-		"REVOKE USAGE ON SEQUENCE leash.waiting_until FROM " + role,
-		"SET ROLE " + role,
-	} {
-		if _, err := conn.Exec(ctx, sql); err != nil {
-			t.Fatalf("%s: %v", sql, err)
-		}
-	}
+	conn := connAsRole(t, db, "leash_inserter",
+		"GRANT USAGE ON SCHEMA leash TO %s",
+		"GRANT INSERT ON leash.jobs TO %s",
+		"GRANT USAGE ON ALL SEQUENCES IN SCHEMA leash TO %s",
+		"REVOKE USAGE ON SEQUENCE leash.waiting_until FROM %s")
 	insert := "INSERT INTO leash.jobs (kind) VALUES ('k')"
 	if _, err := conn.Exec(ctx, insert); err != nil {
 		t.Fatalf("insert while nobody waits: %v", err)
@@ -538,9 +520,38 @@ func TestInserterRoleAndTheWaitingHint(t *testing.T) {
 	if _, err := conn.Exec(ctx, insert); err != nil {
 		t.Fatalf("insert while a worker waits: %v", err)
 	}
-	_, err = conn.Exec(ctx, `CREATE TEMP TABLE mine (x int);
+	_, err := conn.Exec(ctx, `CREATE TEMP TABLE mine (x int);
 		CREATE TRIGGER forged AFTER INSERT ON mine FOR EACH STATEMENT EXECUTE FUNCTION leash.set_waiting_until()`)
 	if err == nil || !strings.Contains(err.Error(), "permission denied") {
 		t.Fatalf("a role of no rights attached the hint's function to its own table: %v", err)
 	}
+}
+
+// connAsRole returns a connection of db acting as a new role (a unique name from prefix) that
+// holds only what grants give it (each a statement with %s for the role's name). The role and
+// what it owns are dropped when the test ends.
+func connAsRole(t *testing.T, db *pgxpool.Pool, prefix string, grants ...string) *pgxpool.Conn {
+	t.Helper()
+	ctx := context.Background()
+	role := fmt.Sprintf("%s_%d", prefix, time.Now().UnixNano()%1e9)
+	conn, err := db.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		conn.Exec(ctx, "RESET ROLE")
+		conn.Release()
+		db.Exec(ctx, "DROP OWNED BY "+role)
+		db.Exec(ctx, "DROP ROLE IF EXISTS "+role)
+	})
+	stmts := []string{"CREATE ROLE " + role + " NOLOGIN"}
+	for _, g := range grants {
+		stmts = append(stmts, fmt.Sprintf(g, role))
+	}
+	for _, sql := range append(stmts, "SET ROLE "+role) {
+		if _, err := conn.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	return conn
 }

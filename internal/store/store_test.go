@@ -209,30 +209,10 @@ func TestRevokeJobGrantedToOperatorOnly(t *testing.T) {
 	t.Parallel()
 	db := pgtest.Pool(t)
 	ctx := context.Background()
-	role := fmt.Sprintf("leash_operator_%d", time.Now().UnixNano()%1e9)
 	id, _ := store.Insert(ctx, db, jp(store.InsertParams{Kind: "k"}))
-	conn, err := db.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Release()
-	defer conn.Exec(ctx, "RESET ROLE")
-	t.Cleanup(func() {
-		for _, r := range []string{role, role + "_x"} {
-			db.Exec(ctx, "DROP OWNED BY "+r)
-			db.Exec(ctx, "DROP ROLE IF EXISTS "+r)
-		}
-	})
-	for _, sql := range []string{
-		"CREATE ROLE " + role + " NOLOGIN",
-		"GRANT USAGE ON SCHEMA leash TO " + role,
-		"GRANT EXECUTE ON FUNCTION leash.revoke_job(bigint, text) TO " + role,
-		"SET ROLE " + role,
-	} {
-		if _, err := conn.Exec(ctx, sql); err != nil {
-			t.Fatalf("%s: %v", sql, err)
-		}
-	}
+	conn := connAsRole(t, db, "leash_operator",
+		"GRANT USAGE ON SCHEMA leash TO %s",
+		"GRANT EXECUTE ON FUNCTION leash.revoke_job(bigint, text) TO %s")
 	var ok bool
 	if err := conn.QueryRow(ctx, "SELECT leash.revoke_job($1, 'by operator')", id).Scan(&ok); err != nil || !ok {
 		t.Fatalf("operator revoke: %v, %v", ok, err)
@@ -240,13 +220,9 @@ func TestRevokeJobGrantedToOperatorOnly(t *testing.T) {
 	if _, err := conn.Exec(ctx, "UPDATE leash.jobs SET priority = 1"); err == nil {
 		t.Fatal("operator could write the table")
 	}
-	conn.Exec(ctx, "RESET ROLE")
 	// Everyone else is refused.
-	other := role + "_x"
-	conn.Exec(ctx, "CREATE ROLE "+other+" NOLOGIN")
-	conn.Exec(ctx, "GRANT USAGE ON SCHEMA leash TO "+other)
-	conn.Exec(ctx, "SET ROLE "+other)
-	if _, err := conn.Exec(ctx, "SELECT leash.revoke_job($1)", id); err == nil {
+	other := connAsRole(t, db, "leash_operator_x", "GRANT USAGE ON SCHEMA leash TO %s")
+	if _, err := other.Exec(ctx, "SELECT leash.revoke_job($1)", id); err == nil {
 		t.Fatal("a role without the grant could revoke")
 	}
 }
