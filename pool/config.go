@@ -146,6 +146,11 @@ type Config struct {
 	// also wakes when the earliest one is due). Default 1s; negative: this worker never
 	// enqueues scheduled jobs (others do).
 	ScheduleInterval time.Duration
+	// PlannerStatsInterval is how often this worker checks whether leash.jobs has grown to more
+	// than twice the size its planner statistics record, and then analyzes it (one worker at a
+	// time), so that prepared statements are planned again for the table's size rather than
+	// waiting for autovacuum. Default 1s; negative: never (autovacuum alone).
+	PlannerStatsInterval time.Duration
 	// Logger receives the pool's logs. Default: discard.
 	Logger *slog.Logger
 	// Observer, when set, is told about each job as it finishes (for metrics).
@@ -203,6 +208,7 @@ func (c Config) withDefaults() Config {
 	c.RetainFailed = cmp.Or(c.RetainFailed, RetainFailedDefault)
 	c.RetentionInterval = cmp.Or(c.RetentionInterval, RetentionIntervalDefault)
 	c.ScheduleInterval = cmp.Or(c.ScheduleInterval, ScheduleIntervalDefault)
+	c.PlannerStatsInterval = cmp.Or(c.PlannerStatsInterval, PlannerStatsIntervalDefault)
 	if c.RetryBackoff == nil {
 		c.RetryBackoff = DefaultRetryBackoff
 	}
@@ -253,6 +259,8 @@ func (c Config) Validate() error {
 		return bad("ShutdownStallWait", "must not be negative, got %s", c.ShutdownStallWait)
 	case c.ScheduleInterval > 0 && c.ScheduleInterval < 10*time.Millisecond:
 		return bad("ScheduleInterval", "must be at least 10ms (or negative to turn schedules off), got %s", c.ScheduleInterval)
+	case c.PlannerStatsInterval > 0 && c.PlannerStatsInterval < 10*time.Millisecond:
+		return bad("PlannerStatsInterval", "must be at least 10ms (or negative to leave it to autovacuum), got %s", c.PlannerStatsInterval)
 	case c.ControlConns > 100:
 		return bad("ControlConns", "must be at most 100, got %d", c.ControlConns)
 	case !validName(c.ID):

@@ -244,10 +244,10 @@ func (p *Pool) Busy() int { return int(p.active.Load()) }
 // jobs get Config.ShutdownTimeout to finish before they are cancelled with lease.ErrShutdown and
 // handed back. Run returns nil after a clean stop.
 //
-// The pool's services (lease renewal, rescue, listener, stall watch, retention) run under one
-// errgroup from start to the very end; the claim loop stops first, then running handlers get
-// their grace period, then every outcome is written, and only then do the services stop, so
-// that leases are renewed until the last outcome is in.
+// The pool's services (lease renewal, rescue, listener, stall watch, retention, schedules,
+// planner statistics) run under one errgroup from start to the very end; the claim loop stops
+// first, then running handlers get their grace period, then every outcome is written, and only
+// then do the services stop, so that leases are renewed until the last outcome is in.
 func (p *Pool) Run(ctx context.Context) error {
 	if !p.started.CompareAndSwap(false, true) {
 		return errors.New("pool: Run called twice")
@@ -272,7 +272,7 @@ func (p *Pool) Run(ctx context.Context) error {
 	defer stopServices()
 	services, svcCtx := errgroup.WithContext(svcCtx)
 	rescuer := &lease.Rescuer{DB: controlDB{p}, Interval: p.cfg.RescueInterval, Logger: p.log, Metrics: &p.metrics.Lease}
-	for _, svc := range []func(context.Context){p.keeper.Run, rescuer.Run, p.watchStalls, p.runRetention, p.revocations.run, p.runSchedules,
+	for _, svc := range []func(context.Context){p.keeper.Run, rescuer.Run, p.watchStalls, p.runRetention, p.revocations.run, p.runSchedules, p.runPlannerStats,
 		func(ctx context.Context) { p.listener.Run(ctx) }} {
 		services.Go(func() error { svc(svcCtx); return nil })
 	}

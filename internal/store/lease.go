@@ -379,7 +379,18 @@ type RenewParams struct {
 // written) is skipped and so missing from the result like a lost one; LeaseStates tells the two
 // apart, and the skipped lease is renewed by a later statement or runs out of trust.
 func Renew(ctx context.Context, db DBTX, p RenewParams) ([]int64, error) {
-	rows, err := db.Query(ctx, `
+	rows, err := db.Query(ctx, renewSQL, p.IDs, p.Tokens, millis(p.Lease))
+	if err != nil {
+		return nil, fmt.Errorf("renew leases: %w", err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return nil, fmt.Errorf("renew leases: %w", err)
+	}
+	return ids, nil
+}
+
+const renewSQL = `
 		WITH locked AS (
 			SELECT j.id FROM leash.jobs j
 			JOIN unnest($1::bigint[], $2::bigint[]) AS u(id, token) ON j.id = u.id AND j.lease_token = u.token
@@ -391,16 +402,7 @@ func Renew(ctx context.Context, db DBTX, p RenewParams) ([]int64, error) {
 		SET lease_expires_at = now() + $3 * interval '1 millisecond', heartbeat_at = now()
 		FROM locked
 		WHERE j.id = locked.id
-		RETURNING j.lease_token`, p.IDs, p.Tokens, millis(p.Lease))
-	if err != nil {
-		return nil, fmt.Errorf("renew leases: %w", err)
-	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-	if err != nil {
-		return nil, fmt.Errorf("renew leases: %w", err)
-	}
-	return ids, nil
-}
+		RETURNING j.lease_token`
 
 // LeaseState is what the row says about a lease that was not renewed.
 type LeaseState struct {

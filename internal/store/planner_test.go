@@ -1,0 +1,129 @@
+package store_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/leashq/leash/internal/pgtest"
+	"github.com/leashq/leash/internal/store"
+)
+
+// Outcome batches and renewals are prepared statements whose generic plan is made for the
+// table's size at the time. Made on an empty table, the outcome batch's plan hashes a scan of
+// the whole table; RefreshJobsStats, called by a role with no right on the table, analyzes the
+// grown table and the plan is made again, through the primary key. A second call finds the
+// statistics current; a call that would wait for the table lock, or for another caller, returns
+// at once without analyzing.
+func TestPlansFollowTableGrowth(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	ctx := context.Background()
+	conn, err := db.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	// Autovacuum would analyze the table behind the test's back.
+	if _, err := conn.Exec(ctx, "ALTER TABLE leash.jobs SET (autovacuum_enabled = off); SET plan_cache_mode = force_generic_plan"); err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Exec(ctx, "RESET plan_cache_mode; DEALLOCATE ALL")
+	for _, q := range []string{
+		"PREPARE fin(bigint[], bigint[], text[], bigint[], boolean[], jsonb[], text[], jsonb[]) AS " + store.FinishSQL,
+		"PREPARE ren(bigint[], bigint[], bigint) AS " + store.RenewSQL,
+	} {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	explain := func(stmt string) string {
+		t.Helper()
+		q := map[string]string{
+			"fin": "EXPLAIN (COSTS OFF) EXECUTE fin('{1,2}', '{1,2}', '{completed,completed}', '{0,0}', '{f,f}', '{NULL,NULL}', '{NULL,NULL}', '{NULL,NULL}')",
+			"ren": "EXPLAIN (COSTS OFF) EXECUTE ren('{1,2}', '{1,2}', 1000)",
+		}[stmt]
+		rows, err := conn.Query(ctx, q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Join(lines, "\n")
+	}
+	// Made first: a grant on the schema invalidates every cached plan.
+	caller := connAsRole(t, db, "planner", "GRANT USAGE ON SCHEMA leash TO %s")
+	explain("fin") // the generic plan is made now, on the empty table
+	explain("ren")
+	grow := func(rows int) {
+		t.Helper()
+		if _, err := db.Exec(ctx, `INSERT INTO leash.jobs (kind, queue) SELECT 'noop', 'elsewhere' FROM generate_series(1, $1)`, rows); err != nil {
+			t.Fatal(err)
+		}
+	}
+	grow(20000) // about 330 pages
+	if plan := explain("fin"); !strings.Contains(plan, "Seq Scan on jobs") {
+		t.Fatalf("the outcome batch's plan made on an empty table no longer scans it: this test shows nothing\n%s", plan)
+	}
+
+	refresh := func() bool {
+		t.Helper()
+		// Never waits long: not for the table lock, not for another caller.
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		analyzed, err := store.RefreshJobsStats(ctx, caller)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return analyzed
+	}
+	if !refresh() {
+		t.Fatal("a table of 330 pages never analyzed was not analyzed")
+	}
+	for _, stmt := range []string{"fin", "ren"} {
+		if plan := explain(stmt); strings.Contains(plan, "Seq Scan on jobs") {
+			t.Fatalf("%s: generic plan after the refresh still scans the table:\n%s", stmt, plan)
+		}
+	}
+	if refresh() {
+		t.Fatal("analyzed again a table that had not grown")
+	}
+
+	grow(30000) // more than twice the pages analyzed
+	hold := func(sql string) (release func()) {
+		t.Helper()
+		tx, err := db.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { tx.Rollback(ctx) })
+		return func() { tx.Rollback(ctx) }
+	}
+	release := hold("LOCK TABLE leash.jobs IN SHARE UPDATE EXCLUSIVE MODE") // as a running VACUUM holds it
+	if refresh() {
+		t.Fatal("analyzed while another transaction held the table lock ANALYZE needs")
+	}
+	release()
+	release = hold("SELECT pg_advisory_xact_lock(30510766707204462)") // another caller analyzing
+	if refresh() {
+		t.Fatal("analyzed while another caller was analyzing")
+	}
+	release()
+	if !refresh() {
+		t.Fatal("a table grown to twice its analyzed pages was not analyzed")
+	}
+	var pages, relpages int64
+	if err := db.QueryRow(ctx, `SELECT pg_relation_size('leash.jobs') / 8192, relpages FROM pg_class WHERE oid = 'leash.jobs'::regclass`).Scan(&pages, &relpages); err != nil {
+		t.Fatal(err)
+	}
+	if relpages != pages {
+		t.Fatalf("pg_class records %d pages of %d after the refresh", relpages, pages)
+	}
+}

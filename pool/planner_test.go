@@ -1,0 +1,38 @@
+package pool_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/leashq/leash/internal/pgtest"
+)
+
+// A running pool analyzes leash.jobs once it has outgrown its planner statistics, without
+// waiting for autovacuum (turned off here), so that prepared statements are planned again for
+// the grown table.
+func TestPoolRefreshesPlannerStats(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	ctx := context.Background()
+	if _, err := db.Exec(ctx, "ALTER TABLE leash.jobs SET (autovacuum_enabled = off)"); err != nil {
+		t.Fatal(err)
+	}
+	cfg := fastConfig()
+	cfg.PlannerStatsInterval = 10 * time.Millisecond
+	p, _ := setup(t, db, cfg, nil)
+	start(t, p)
+	// Rows of a queue this pool does not serve, so that they stay.
+	if _, err := db.Exec(ctx, `INSERT INTO leash.jobs (kind, queue) SELECT 'noop', 'elsewhere' FROM generate_series(1, 20000)`); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, func() bool {
+		// Analyzed at least once, and (the insert may have been under way then) since the table
+		// last doubled.
+		var pages, relpages int64
+		if err := db.QueryRow(ctx, `SELECT pg_relation_size('leash.jobs') / 8192, relpages FROM pg_class WHERE oid = 'leash.jobs'::regclass`).Scan(&pages, &relpages); err != nil {
+			t.Fatal(err)
+		}
+		return relpages > 0 && 2*relpages >= pages
+	})
+}

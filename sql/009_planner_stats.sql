@@ -1,0 +1,43 @@
+-- leash 009: the planner's statistics of leash.jobs follow its growth. A prepared statement's
+-- generic plan is made for the table's size at that moment and kept until the table's statistics
+-- change. A queue's table can grow a hundredfold in a minute (a fresh install, a burst after an
+-- idle night whose rows VACUUM had cut away), far faster than autovacuum analyzes it (it looks at
+-- most once per autovacuum_naptime): meanwhile a plan made for a small table, which hashes a
+-- sequential scan of the whole table for a batch of a hundred ids, runs on a large one, and each
+-- outcome batch or lease renewal reads every row. Workers call the function below every second
+-- or so; it analyzes the table only when it has grown to twice the size its statistics know, so
+-- plans are made again (ANALYZE invalidates them in every session) for at most twice the size
+-- they were made for.
+-- Safe to apply while workers of the previous release run: they do not call it, and autovacuum
+-- keeps the statistics for them as before.
+
+-- Analyzes leash.jobs if its main fork holds at least 128 pages (1 MB) and more than twice the
+-- pages pg_class records (never analyzed counts as none), and returns whether it did. Cheap when
+-- there is nothing to do: a pg_class lookup and the relation's size. Runs as its owner, who may
+-- analyze the table, so that workers need no right on it; anyone may call it, since a call that
+-- finds the statistics current does nothing, and one that does not only brings forward what
+-- autovacuum would do. One call analyzes at a time ("leashan" in ASCII, tried, never waited
+-- for); the table lock ANALYZE needs is waited for at most 100ms (autovacuum holds it while it
+-- works, and refreshes the statistics itself).
+CREATE OR REPLACE FUNCTION leash.refresh_jobs_stats() RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET lock_timeout = '100ms' AS $$
+DECLARE
+    known bigint;
+    pages bigint;
+BEGIN
+    SELECT greatest(c.relpages, 0) INTO known FROM pg_class c WHERE c.oid = 'leash.jobs'::regclass;
+    pages := pg_relation_size('leash.jobs'::regclass) / current_setting('block_size')::bigint;
+    IF pages < 128 OR pages <= 2 * known THEN
+        RETURN false;
+    END IF;
+    IF NOT pg_try_advisory_xact_lock(30510766707204462) THEN
+        RETURN false;
+    END IF;
+    ANALYZE leash.jobs;
+    RETURN true;
+EXCEPTION WHEN lock_not_available THEN
+    RETURN false;
+END;
+$$;
+
+GRANT EXECUTE ON FUNCTION leash.refresh_jobs_stats() TO PUBLIC;
