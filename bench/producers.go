@@ -13,11 +13,17 @@ import (
 	"github.com/leashq/leash/pool"
 )
 
-const ceiling = "no-trigger ceiling"
+const (
+	ceiling         = "no-trigger ceiling"
+	ceilingPrepared = "no-trigger ceiling, with a parameter"
+)
 
 // producers: 32 clients inserting one job per transaction for a few seconds, each system with a
 // worker working the queue. The ceiling is the same INSERT into leash.jobs with triggers off
-// (session_replication_role = replica).
+// (session_replication_role = replica). The SQL INSERT is measured twice: as literal SQL (the
+// simple protocol, as psql and pgbench send it: parsed and planned at every insert) and with a
+// parameter (as an application's driver sends it: a prepared statement, like River's inserts and
+// pool.Insert), each against its own ceiling.
 func (b *bench) producers(ctx context.Context) {
 	const clients = 32
 	const secs = 8
@@ -85,7 +91,15 @@ func (b *bench) producers(ctx context.Context) {
 	sqlInsertFn := func(db *pgxpool.Pool) func(context.Context) error {
 		return func(ctx context.Context) error { _, err := db.Exec(ctx, sqlInsert); return err }
 	}
-	ts := []trial{{system: ceiling, higherBetter: true, run: leashRun(true, false, sqlInsertFn)}}
+	// pgx prepares a statement that has arguments (and sends one that has none as a simple query).
+	const paramInsert = `INSERT INTO leash.jobs (kind) VALUES ($1)`
+	paramInsertFn := func(db *pgxpool.Pool) func(context.Context) error {
+		return func(ctx context.Context) error { _, err := db.Exec(ctx, paramInsert, "noop"); return err }
+	}
+	ts := []trial{
+		{system: ceiling, higherBetter: true, run: leashRun(true, false, sqlInsertFn)},
+		{system: ceilingPrepared, higherBetter: true, run: leashRun(true, false, paramInsertFn)},
+	}
 	for _, t := range []riverTuning{riverDefaults, riverTuned} {
 		ts = append(ts, trial{system: t.String(), baseline: []string{ceiling}, higherBetter: true, run: func() float64 {
 			url := b.freshDB(ctx)
@@ -102,7 +116,9 @@ func (b *bench) producers(ctx context.Context) {
 	vs := []string{ceiling, "River defaults"}
 	ts = append(ts,
 		trial{system: "leash, SQL INSERT", baseline: vs, higherBetter: true, run: leashRun(false, false, sqlInsertFn)},
-		trial{system: "leash, pool.Insert", baseline: vs, higherBetter: true, run: leashRun(false, false, func(db *pgxpool.Pool) func(context.Context) error {
+		trial{system: "leash, SQL INSERT with a parameter", baseline: []string{ceilingPrepared, "River defaults"}, higherBetter: true,
+			run: leashRun(false, false, paramInsertFn)},
+		trial{system: "leash, pool.Insert", baseline: []string{ceilingPrepared, "River defaults"}, higherBetter: true, run: leashRun(false, false, func(db *pgxpool.Pool) func(context.Context) error {
 			return func(ctx context.Context) error { _, err := pool.Insert(ctx, db, "noop", nil, nil); return err }
 		})},
 		trial{system: "leash, SQL INSERT, every insert notifying", baseline: vs, higherBetter: true, once: true, run: leashRun(false, true, sqlInsertFn)},

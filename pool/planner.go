@@ -13,31 +13,49 @@ import (
 // PlannerStatsIntervalDefault is the default Config.PlannerStatsInterval.
 const PlannerStatsIntervalDefault = time.Second
 
+// plannerStatsBackoffMax is the longest a worker waits before calling leash.refresh_jobs_stats
+// again after failures (the function missing, no right to call it, a statement timeout).
+const plannerStatsBackoffMax = time.Minute
+
 // runPlannerStats keeps the planner's statistics of leash.jobs within a factor of two of its
 // size (see store.RefreshJobsStats), so that the generic plans of outcome batches and renewals
-// are made again as the table grows, not only when autovacuum gets to it.
+// are made again as the table grows, not only when autovacuum gets to it. It uses the
+// application's pool, not a control connection: an ANALYZE of a large table takes seconds,
+// which renewals must not wait for. After a failure it waits twice as long as the time before
+// (up to a minute), and it warns once for each kind of failure.
 func (p *Pool) runPlannerStats(ctx context.Context) {
 	if p.cfg.PlannerStatsInterval < 0 {
 		return
 	}
-	missing := false
-	for sleepCtx(ctx, p.cfg.PlannerStatsInterval) {
+	wait := p.cfg.PlannerStatsInterval
+	warned := map[string]bool{}
+	for sleepCtx(ctx, wait) {
 		start := time.Now()
-		analyzed, err := store.RefreshJobsStats(ctx, controlDB{p})
-		var pgErr *pgconn.PgError
-		switch {
-		case err != nil && errors.As(err, &pgErr) && pgErr.Code == "42883":
-			if !missing {
-				missing = true
-				p.log.WarnContext(ctx, "leash.refresh_jobs_stats is missing: apply the schema migrations (worker migrate); autovacuum alone keeps leash.jobs analyzed until then")
+		analyzed, err := store.RefreshJobsStats(ctx, p.db)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
 			}
-		case err != nil && ctx.Err() == nil:
-			p.log.DebugContext(ctx, "refreshing the statistics of leash.jobs failed", slog.Any("err", err))
-		case analyzed:
-			missing = false
+			wait = min(2*wait, max(plannerStatsBackoffMax, p.cfg.PlannerStatsInterval))
+			code := "other"
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) {
+				code = pgErr.Code
+			}
+			msg := "refreshing the statistics of leash.jobs failed: autovacuum alone keeps them until it works again"
+			if code == "42883" {
+				msg = "refreshing the statistics of leash.jobs failed: leash.refresh_jobs_stats is missing, apply the schema migrations (worker migrate)"
+			}
+			level := slog.LevelDebug
+			if !warned[code] {
+				warned[code], level = true, slog.LevelWarn
+			}
+			p.log.Log(ctx, level, msg, slog.Any("err", err), slog.Duration("retry_in", wait))
+			continue
+		}
+		wait = p.cfg.PlannerStatsInterval
+		if analyzed {
 			p.log.DebugContext(ctx, "analyzed leash.jobs, which had outgrown its statistics", slog.Duration("took", time.Since(start)))
-		default:
-			missing = false
 		}
 	}
 }

@@ -2,10 +2,13 @@ package pool_test
 
 import (
 	"context"
+	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/leashq/leash/internal/pgtest"
+	"github.com/leashq/leash/internal/syncbuf"
 )
 
 // A running pool analyzes leash.jobs once it has outgrown its planner statistics, without
@@ -35,4 +38,30 @@ func TestPoolRefreshesPlannerStats(t *testing.T) {
 		}
 		return relpages > 0 && 2*relpages >= pages
 	})
+}
+
+// A refresh that fails (here as a statement timeout would) is tried again later and later, and
+// warned about once.
+func TestFailingPlannerStatsBackOff(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	ctx := context.Background()
+	if _, err := db.Exec(ctx, `CREATE OR REPLACE FUNCTION leash.refresh_jobs_stats() RETURNS boolean LANGUAGE plpgsql AS $$
+		BEGIN RAISE EXCEPTION 'canceling statement due to statement timeout' USING ERRCODE = 'query_canceled'; END $$`); err != nil {
+		t.Fatal(err)
+	}
+	var logs syncbuf.Buffer
+	cfg := fastConfig()
+	cfg.PlannerStatsInterval = 10 * time.Millisecond
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	p, _ := setup(t, db, cfg, nil)
+	start(t, p)
+	time.Sleep(600 * time.Millisecond) // sixty intervals: how often does it try?
+	out := logs.String()
+	if n := strings.Count(out, "refreshing the statistics of leash.jobs failed"); n < 1 || n > 8 {
+		t.Fatalf("%d failed refreshes logged in 600ms with a 10ms interval; want 1 to 8 (backing off)", n)
+	}
+	if n := strings.Count(out, "level=WARN msg=\"refreshing the statistics"); n != 1 {
+		t.Fatalf("%d warnings; want 1", n)
+	}
 }

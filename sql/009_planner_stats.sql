@@ -13,22 +13,37 @@
 
 -- Analyzes leash.jobs if its main fork holds at least 128 pages (1 MB) and more than twice the
 -- pages pg_class records (never analyzed counts as none), and returns whether it did. Cheap when
--- there is nothing to do: a pg_class lookup and the relation's size. Runs as its owner, who may
--- analyze the table, so that workers need no right on it; anyone may call it, since a call that
--- finds the statistics current does nothing, and one that does not only brings forward what
--- autovacuum would do. One call analyzes at a time ("leashan" in ASCII, tried, never waited
--- for); the table lock ANALYZE needs is waited for at most 100ms (autovacuum holds it while it
--- works, and refreshes the statistics itself).
+-- there is nothing to do: a pg_class lookup and the relation's size. Runs as its owner, who must
+-- own the table (or be a member of its owning role), so that workers need no right on the table;
+-- nobody else may call it until granted, since the table lock ANALYZE takes lasts until the
+-- caller's transaction ends (a caller could hold it, and keep autovacuum off the table). The
+-- sample is read at full speed and with the statistics target of the database, whatever the
+-- caller's settings. One call analyzes at a time ("leashan" in ASCII, tried, never waited for);
+-- the table lock is waited for at most 100ms (autovacuum holds it while it works, and refreshes
+-- the statistics itself).
 CREATE OR REPLACE FUNCTION leash.refresh_jobs_stats() RETURNS boolean
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET lock_timeout = '100ms' AS $$
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '100ms'
+SET vacuum_cost_delay = 0
+SET default_statistics_target FROM CURRENT
+AS $$
 DECLARE
+    owner oid;
     known bigint;
     pages bigint;
 BEGIN
-    SELECT greatest(c.relpages, 0) INTO known FROM pg_class c WHERE c.oid = 'leash.jobs'::regclass;
+    SELECT c.relowner, greatest(c.relpages, 0) INTO owner, known FROM pg_class c WHERE c.oid = 'leash.jobs'::regclass;
     pages := pg_relation_size('leash.jobs'::regclass) / current_setting('block_size')::bigint;
     IF pages < 128 OR pages <= 2 * known THEN
         RETURN false;
+    END IF;
+    IF NOT pg_has_role(owner, 'USAGE') THEN
+        -- ANALYZE would only warn and skip the table, every time it is called.
+        RAISE EXCEPTION 'leash.refresh_jobs_stats() belongs to % and may not analyze leash.jobs, which belongs to %',
+            current_user, owner::regrole
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = 'ALTER FUNCTION leash.refresh_jobs_stats() OWNER TO the owner of leash.jobs';
     END IF;
     IF NOT pg_try_advisory_xact_lock(30510766707204462) THEN
         RETURN false;
@@ -40,4 +55,8 @@ EXCEPTION WHEN lock_not_available THEN
 END;
 $$;
 
-GRANT EXECUTE ON FUNCTION leash.refresh_jobs_stats() TO PUBLIC;
+-- Granted like the operators' functions: the migrating role (which owns the schema, and usually
+-- runs the workers) may call it; a worker of another role needs
+--   GRANT EXECUTE ON FUNCTION leash.refresh_jobs_stats() TO worker;
+-- without it the worker leaves the statistics to autovacuum, as before this migration.
+REVOKE ALL ON FUNCTION leash.refresh_jobs_stats() FROM PUBLIC;

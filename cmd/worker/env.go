@@ -18,36 +18,37 @@ import (
 
 // env is the worker's configuration, read from the environment.
 type env struct {
-	DatabaseURL         string                   `env:"DATABASE_URL"`
-	ListenDatabaseURL   string                   `env:"LISTEN_DATABASE_URL"`
-	WorkerID            string                   `env:"WORKER_ID"`
-	Queues              []string                 `env:"WORKER_QUEUES, default=default"`
-	Concurrency         int                      `env:"WORKER_CONCURRENCY, default=100"`
-	LeaseDuration       time.Duration            `env:"WORKER_LEASE_DURATION, default=30s"`
-	HeartbeatInterval   time.Duration            `env:"WORKER_HEARTBEAT_INTERVAL, default=10s"`
-	RenewRetryInterval  time.Duration            `env:"WORKER_RENEW_RETRY_INTERVAL"`
-	LeaseSafetyMargin   time.Duration            `env:"WORKER_LEASE_SAFETY_MARGIN"`
-	RescueInterval      time.Duration            `env:"WORKER_RESCUE_INTERVAL"`
-	PollInterval        time.Duration            `env:"WORKER_POLL_INTERVAL, default=1s"`
-	ShutdownTimeout     time.Duration            `env:"WORKER_SHUTDOWN_TIMEOUT, default=30s"`
-	RevokeRequireRow    bool                     `env:"WORKER_REVOKE_REQUIRE_ROW, default=false"`
-	AutoMigrate         bool                     `env:"WORKER_AUTO_MIGRATE, default=false"`
-	DBMaxConns          int32                    `env:"WORKER_DB_MAX_CONNS, default=10"`
-	HTTPAddr            string                   `env:"WORKER_HTTP_ADDR"`
-	AdminToken          string                   `env:"WORKER_ADMIN_TOKEN"`
-	AdminHosts          []string                 `env:"WORKER_ADMIN_HOSTS"`
-	RetainCompleted     time.Duration            `env:"WORKER_RETENTION_COMPLETED, default=24h"`
-	RetainFailed        time.Duration            `env:"WORKER_RETENTION_FAILED, default=168h"`
-	LogLevel            string                   `env:"LOG_LEVEL, default=info"`
-	LogFormat           string                   `env:"LOG_FORMAT"`
-	ListenReconnectWait time.Duration            `env:"WORKER_LISTEN_RECONNECT_DELAY, default=2s"`
-	ExecAllow           []string                 `env:"WORKER_EXEC_ALLOW"`
-	ExecGrace           time.Duration            `env:"WORKER_EXEC_GRACE, default=5s"`
-	ExecEnvAllow        []string                 `env:"WORKER_EXEC_ENV_ALLOW"`
-	WebhookAllow        []string                 `env:"WORKER_WEBHOOK_ALLOW"`
-	WebhookBlockPrivate bool                     `env:"WORKER_WEBHOOK_BLOCK_PRIVATE, default=false"`
-	JobTimeouts         map[string]time.Duration `env:"WORKER_JOB_TIMEOUTS"`
-	ControlConns        int                      `env:"WORKER_CONTROL_CONNS, default=4"`
+	DatabaseURL          string                   `env:"DATABASE_URL"`
+	ListenDatabaseURL    string                   `env:"LISTEN_DATABASE_URL"`
+	WorkerID             string                   `env:"WORKER_ID"`
+	Queues               []string                 `env:"WORKER_QUEUES, default=default"`
+	Concurrency          int                      `env:"WORKER_CONCURRENCY, default=100"`
+	LeaseDuration        time.Duration            `env:"WORKER_LEASE_DURATION, default=30s"`
+	HeartbeatInterval    time.Duration            `env:"WORKER_HEARTBEAT_INTERVAL, default=10s"`
+	RenewRetryInterval   time.Duration            `env:"WORKER_RENEW_RETRY_INTERVAL"`
+	LeaseSafetyMargin    time.Duration            `env:"WORKER_LEASE_SAFETY_MARGIN"`
+	RescueInterval       time.Duration            `env:"WORKER_RESCUE_INTERVAL"`
+	PollInterval         time.Duration            `env:"WORKER_POLL_INTERVAL, default=1s"`
+	ShutdownTimeout      time.Duration            `env:"WORKER_SHUTDOWN_TIMEOUT, default=30s"`
+	RevokeRequireRow     bool                     `env:"WORKER_REVOKE_REQUIRE_ROW, default=false"`
+	AutoMigrate          bool                     `env:"WORKER_AUTO_MIGRATE, default=false"`
+	DBMaxConns           int32                    `env:"WORKER_DB_MAX_CONNS, default=10"`
+	HTTPAddr             string                   `env:"WORKER_HTTP_ADDR"`
+	AdminToken           string                   `env:"WORKER_ADMIN_TOKEN"`
+	AdminHosts           []string                 `env:"WORKER_ADMIN_HOSTS"`
+	RetainCompleted      time.Duration            `env:"WORKER_RETENTION_COMPLETED, default=24h"`
+	RetainFailed         time.Duration            `env:"WORKER_RETENTION_FAILED, default=168h"`
+	LogLevel             string                   `env:"LOG_LEVEL, default=info"`
+	LogFormat            string                   `env:"LOG_FORMAT"`
+	ListenReconnectWait  time.Duration            `env:"WORKER_LISTEN_RECONNECT_DELAY, default=2s"`
+	ExecAllow            []string                 `env:"WORKER_EXEC_ALLOW"`
+	ExecGrace            time.Duration            `env:"WORKER_EXEC_GRACE, default=5s"`
+	ExecEnvAllow         []string                 `env:"WORKER_EXEC_ENV_ALLOW"`
+	WebhookAllow         []string                 `env:"WORKER_WEBHOOK_ALLOW"`
+	WebhookBlockPrivate  bool                     `env:"WORKER_WEBHOOK_BLOCK_PRIVATE, default=false"`
+	JobTimeouts          map[string]time.Duration `env:"WORKER_JOB_TIMEOUTS"`
+	ControlConns         int                      `env:"WORKER_CONTROL_CONNS, default=4"`
+	PlannerStatsInterval time.Duration            `env:"WORKER_PLANNER_STATS_INTERVAL, default=1s"`
 }
 
 // fieldEnv maps the env struct's field names (as go-envconfig and pool.ConfigError name them) to
@@ -172,6 +173,6 @@ func (e env) poolConfig() pool.Config {
 		RescueInterval: e.RescueInterval, PollInterval: e.PollInterval, ShutdownTimeout: e.ShutdownTimeout,
 		RevokeRequireRow: e.RevokeRequireRow, ListenReconnectDelay: e.ListenReconnectWait,
 		RetainCompleted: e.RetainCompleted, RetainFailed: e.RetainFailed,
-		Timeouts: e.JobTimeouts, ControlConns: e.ControlConns,
+		Timeouts: e.JobTimeouts, ControlConns: e.ControlConns, PlannerStatsInterval: e.PlannerStatsInterval,
 	}
 }

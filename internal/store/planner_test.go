@@ -2,21 +2,25 @@ package store_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/leashq/leash/internal/pgtest"
 	"github.com/leashq/leash/internal/store"
 )
 
 // Outcome batches and renewals are prepared statements whose generic plan is made for the
 // table's size at the time. Made on an empty table, the outcome batch's plan hashes a scan of
-// the whole table; RefreshJobsStats, called by a role with no right on the table, analyzes the
-// grown table and the plan is made again, through the primary key. A second call finds the
-// statistics current; a call that would wait for the table lock, or for another caller, returns
-// at once without analyzing.
+// the whole table; RefreshJobsStats, called by a role with no right on the table (but EXECUTE on
+// the function, which no role has unless granted), analyzes the grown table and the plan is
+// made again, through the primary key. A second call finds the statistics current; a call that
+// would wait for the table lock, or for another caller, returns at once without analyzing; a
+// function whose owner may not analyze the table says so rather than let ANALYZE skip it.
 func TestPlansFollowTableGrowth(t *testing.T) {
 	t.Parallel()
 	db := pgtest.Pool(t)
@@ -56,7 +60,14 @@ func TestPlansFollowTableGrowth(t *testing.T) {
 		return strings.Join(lines, "\n")
 	}
 	// Made first: a grant on the schema invalidates every cached plan.
-	caller := connAsRole(t, db, "planner", "GRANT USAGE ON SCHEMA leash TO %s")
+	caller := connAsRole(t, db, "planner", "GRANT USAGE ON SCHEMA leash TO %s",
+		"GRANT EXECUTE ON FUNCTION leash.refresh_jobs_stats() TO %s")
+	// Nobody else may call it: the table lock it takes lasts until the caller's transaction ends.
+	stranger := connAsRole(t, db, "stranger", "GRANT USAGE ON SCHEMA leash TO %s")
+	var pgErr *pgconn.PgError
+	if _, err := store.RefreshJobsStats(ctx, stranger); !errors.As(err, &pgErr) || pgErr.Code != "42501" {
+		t.Fatalf("a role never granted EXECUTE called leash.refresh_jobs_stats(): %v", err)
+	}
 	explain("fin") // the generic plan is made now, on the empty table
 	explain("ren")
 	grow := func(rows int) {
@@ -116,6 +127,28 @@ func TestPlansFollowTableGrowth(t *testing.T) {
 		t.Fatal("analyzed while another caller was analyzing")
 	}
 	release()
+	owner := fmt.Sprintf("planner_owner_%d", time.Now().UnixNano()%1e9)
+	t.Cleanup(func() {
+		db.Exec(ctx, "ALTER FUNCTION leash.refresh_jobs_stats() OWNER TO CURRENT_USER")
+		db.Exec(ctx, "DROP OWNED BY "+owner)
+		db.Exec(ctx, "DROP ROLE IF EXISTS "+owner)
+	})
+	for _, q := range []string{
+		"CREATE ROLE " + owner + " NOLOGIN",
+		"GRANT USAGE ON SCHEMA leash TO " + owner,
+		"ALTER FUNCTION leash.refresh_jobs_stats() OWNER TO " + owner,
+	} {
+		if _, err := db.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err = store.RefreshJobsStats(ctx, caller)
+	if !errors.As(err, &pgErr) || pgErr.Code != "42501" || !strings.Contains(pgErr.Message, "may not analyze") {
+		t.Fatalf("a function whose owner may not analyze the table: %v", err)
+	}
+	if _, err := db.Exec(ctx, "ALTER FUNCTION leash.refresh_jobs_stats() OWNER TO CURRENT_USER"); err != nil {
+		t.Fatal(err)
+	}
 	if !refresh() {
 		t.Fatal("a table grown to twice its analyzed pages was not analyzed")
 	}
