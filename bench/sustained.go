@@ -26,7 +26,7 @@ var (
 // sustained: a steady offered rate from several producers for some minutes, once as is and once
 // with another session holding a snapshot open (the xmin horizon held back, as a long report
 // or a forgotten BEGIN does), for leash and River tuned. Per minute: completions and pickup
-// p50/p99; at the end: dead tuples and sizes.
+// p50/p99/max; at the end: dead tuples and sizes.
 // leashFromFront is leash with every claim starting at the front of the index (the ablation of
 // claims past the cursor).
 const leashFromFront = "leash from the front"
@@ -144,7 +144,7 @@ func (b *bench) sustainedRun(ctx context.Context, scenario, system string, rate,
 	b.sustainedReport(ctx, db, scenario, system, table, began, minutes)
 }
 
-// sustainedReport adds, per minute since began: jobs started, pickup p50 and p99; then dead
+// sustainedReport adds, per minute since began: jobs started, pickup p50, p99 and max; then dead
 // tuples and total size of the table with its indexes.
 func (b *bench) sustainedReport(ctx context.Context, db *pgxpool.Pool, scenario, system, table string, began time.Time, minutes int) {
 	rows, err := db.Query(ctx, "SELECT created_at, attempted_at FROM "+table+" WHERE attempted_at IS NOT NULL")
@@ -175,6 +175,9 @@ func (b *bench) sustainedReport(ctx context.Context, db *pgxpool.Pool, scenario,
 		b.add(row{scenario: scenario, system: system, metric: fmt.Sprintf("min %d started", m+1), value: float64(len(lat)) / 60, unit: "jobs/s", baseline: base, higherBetter: true})
 		b.add(row{scenario: scenario, system: system, metric: fmt.Sprintf("min %d pickup p50", m+1), value: ms(percentile(lat, 50)), unit: "ms", baseline: base})
 		b.add(row{scenario: scenario, system: system, metric: fmt.Sprintf("min %d pickup p99", m+1), value: ms(percentile(lat, 99)), unit: "ms", baseline: base})
+		if len(lat) > 0 {
+			b.add(row{scenario: scenario, system: system, metric: fmt.Sprintf("min %d pickup max", m+1), value: ms(lat[len(lat)-1]), unit: "ms", baseline: base})
+		}
 	}
 	var dead int64
 	var size int64
