@@ -22,13 +22,15 @@ const plannerStatsBackoffMax = time.Minute
 // are made again as the table grows, not only when autovacuum gets to it. It uses the
 // application's pool, not a control connection: an ANALYZE of a large table takes seconds,
 // which renewals must not wait for. After a failure it waits twice as long as the time before
-// (up to a minute), and it warns once for each kind of failure.
+// (up to a minute, or the interval if longer), and it warns once for each kind of failure until
+// a call succeeds again.
 func (p *Pool) runPlannerStats(ctx context.Context) {
 	if p.cfg.PlannerStatsInterval < 0 {
 		return
 	}
 	wait := p.cfg.PlannerStatsInterval
-	warned := map[string]bool{}
+	longest := max(plannerStatsBackoffMax, p.cfg.PlannerStatsInterval)
+	warned := map[string]bool{} // SQLSTATEs warned about since the last success
 	for sleepCtx(ctx, wait) {
 		start := time.Now()
 		analyzed, err := store.RefreshJobsStats(ctx, p.db)
@@ -36,7 +38,11 @@ func (p *Pool) runPlannerStats(ctx context.Context) {
 			if ctx.Err() != nil {
 				return
 			}
-			wait = min(2*wait, max(plannerStatsBackoffMax, p.cfg.PlannerStatsInterval))
+			if wait < longest/2 {
+				wait *= 2
+			} else {
+				wait = longest
+			}
 			code := "other"
 			var pgErr *pgconn.PgError
 			if errors.As(err, &pgErr) {
@@ -52,6 +58,10 @@ func (p *Pool) runPlannerStats(ctx context.Context) {
 			}
 			p.log.Log(ctx, level, msg, slog.Any("err", err), slog.Duration("retry_in", wait))
 			continue
+		}
+		if len(warned) > 0 {
+			clear(warned)
+			p.log.InfoContext(ctx, "refreshing the statistics of leash.jobs works again")
 		}
 		wait = p.cfg.PlannerStatsInterval
 		if analyzed {

@@ -135,7 +135,8 @@ func TestPlansFollowTableGrowth(t *testing.T) {
 	})
 	for _, q := range []string{
 		"CREATE ROLE " + owner + " NOLOGIN",
-		"GRANT USAGE ON SCHEMA leash TO " + owner,
+		"GRANT USAGE, CREATE ON SCHEMA leash TO " + owner,
+		"GRANT " + owner + " TO CURRENT_USER", // to give it a function without being superuser
 		"ALTER FUNCTION leash.refresh_jobs_stats() OWNER TO " + owner,
 	} {
 		if _, err := db.Exec(ctx, q); err != nil {
@@ -149,8 +150,20 @@ func TestPlansFollowTableGrowth(t *testing.T) {
 	if _, err := db.Exec(ctx, "ALTER FUNCTION leash.refresh_jobs_stats() OWNER TO CURRENT_USER"); err != nil {
 		t.Fatal(err)
 	}
+	// The caller's statistics target does not apply (nor would its cost delay).
+	if _, err := caller.Exec(ctx, "SET default_statistics_target = 1"); err != nil {
+		t.Fatal(err)
+	}
 	if !refresh() {
 		t.Fatal("a table grown to twice its analyzed pages was not analyzed")
+	}
+	var bounds int
+	if err := db.QueryRow(ctx, `SELECT array_length(histogram_bounds::text::bigint[], 1) FROM pg_stats
+		WHERE schemaname = 'leash' AND tablename = 'jobs' AND attname = 'id'`).Scan(&bounds); err != nil {
+		t.Fatal(err)
+	}
+	if bounds < 50 {
+		t.Fatalf("the histogram of ids has %d bounds: the caller's statistics target was used", bounds)
 	}
 	var pages, relpages int64
 	if err := db.QueryRow(ctx, `SELECT pg_relation_size('leash.jobs') / 8192, relpages FROM pg_class WHERE oid = 'leash.jobs'::regclass`).Scan(&pages, &relpages); err != nil {
