@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/leashq/leash/internal/pgtest"
 	"github.com/leashq/leash/internal/store"
@@ -25,16 +24,7 @@ func TestPlansFollowTableGrowth(t *testing.T) {
 	t.Parallel()
 	db := pgtest.Pool(t)
 	ctx := context.Background()
-	conn, err := db.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Release()
-	// Autovacuum would analyze the table behind the test's back.
-	if _, err := conn.Exec(ctx, "ALTER TABLE leash.jobs SET (autovacuum_enabled = off); SET plan_cache_mode = force_generic_plan"); err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Exec(ctx, "RESET plan_cache_mode; DEALLOCATE ALL")
+	conn, explainStmt := genericPlanConn(t, db) // autovacuum would analyze the table behind the test's back
 	for _, q := range []string{
 		"PREPARE fin(bigint[], bigint[], text[], bigint[], boolean[], jsonb[], text[], jsonb[]) AS " + store.FinishSQL,
 		"PREPARE ren(bigint[], bigint[], bigint) AS " + store.RenewSQL,
@@ -45,19 +35,10 @@ func TestPlansFollowTableGrowth(t *testing.T) {
 	}
 	explain := func(stmt string) string {
 		t.Helper()
-		q := map[string]string{
-			"fin": "EXPLAIN (COSTS OFF) EXECUTE fin('{1,2}', '{1,2}', '{completed,completed}', '{0,0}', '{f,f}', '{NULL,NULL}', '{NULL,NULL}', '{NULL,NULL}')",
-			"ren": "EXPLAIN (COSTS OFF) EXECUTE ren('{1,2}', '{1,2}', 1000)",
-		}[stmt]
-		rows, err := conn.Query(ctx, q)
-		if err != nil {
-			t.Fatal(err)
-		}
-		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			t.Fatal(err)
-		}
-		return strings.Join(lines, "\n")
+		return explainStmt(map[string]string{
+			"fin": "EXECUTE fin('{1,2}', '{1,2}', '{completed,completed}', '{0,0}', '{f,f}', '{NULL,NULL}', '{NULL,NULL}', '{NULL,NULL}')",
+			"ren": "EXECUTE ren('{1,2}', '{1,2}', 1000)",
+		}[stmt])
 	}
 	// Made first: a grant on the schema invalidates every cached plan.
 	caller := connAsRole(t, db, "planner", "GRANT USAGE ON SCHEMA leash TO %s",
@@ -143,7 +124,7 @@ func TestPlansFollowTableGrowth(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	_, err = store.RefreshJobsStats(ctx, caller)
+	_, err := store.RefreshJobsStats(ctx, caller)
 	if !errors.As(err, &pgErr) || pgErr.Code != "42501" || !strings.Contains(pgErr.Message, "may not analyze") {
 		t.Fatalf("a function whose owner may not analyze the table: %v", err)
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/leashq/leash/internal/pgtest"
 	"github.com/leashq/leash/internal/store"
@@ -572,6 +573,37 @@ func TestClaimManyQueuesInOrder(t *testing.T) {
 	}
 }
 
+// genericPlanConn returns a connection of db that plans every prepared statement generically
+// (as a connection does after five executions), on a leash.jobs autovacuum leaves alone, and a
+// function that returns the plan of a statement on it.
+func genericPlanConn(t *testing.T, db *pgxpool.Pool) (*pgxpool.Conn, func(stmt string) string) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := db.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		conn.Exec(ctx, "RESET plan_cache_mode; DEALLOCATE ALL")
+		conn.Release()
+	})
+	if _, err := conn.Exec(ctx, "ALTER TABLE leash.jobs SET (autovacuum_enabled = off); SET plan_cache_mode = force_generic_plan"); err != nil {
+		t.Fatal(err)
+	}
+	return conn, func(stmt string) string {
+		t.Helper()
+		rows, err := conn.Query(ctx, "EXPLAIN (COSTS OFF) "+stmt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Join(lines, "\n")
+	}
+}
+
 // A claim's generic plan, made while leash.jobs is empty and never analyzed (a fresh database,
 // the first claims of a worker), must not scan the whole table: with an old snapshot keeping
 // every dead row, such a scan would grow with every job claimed until the next ANALYZE.
@@ -579,15 +611,7 @@ func TestClaimGenericPlanDoesNotScanTheTable(t *testing.T) {
 	t.Parallel()
 	db := pgtest.Pool(t)
 	ctx := context.Background()
-	conn, err := db.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Release()
-	if _, err := conn.Exec(ctx, "ALTER TABLE leash.jobs SET (autovacuum_enabled = off); SET plan_cache_mode = force_generic_plan"); err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Exec(ctx, "RESET plan_cache_mode; DEALLOCATE ALL")
+	conn, explain := genericPlanConn(t, db)
 	literal := func(v any) string {
 		switch v := v.(type) {
 		case string:
@@ -615,15 +639,7 @@ func TestClaimGenericPlanDoesNotScanTheTable(t *testing.T) {
 		for j, a := range args {
 			lits[j] = literal(a)
 		}
-		rows, err := conn.Query(ctx, "EXPLAIN (COSTS OFF) EXECUTE "+name+"("+strings.Join(lits, ", ")+")")
-		if err != nil {
-			t.Fatal(err)
-		}
-		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			t.Fatal(err)
-		}
-		text := strings.Join(lines, "\n")
+		text := explain("EXECUTE " + name + "(" + strings.Join(lits, ", ") + ")")
 		if strings.Contains(text, "Seq Scan on jobs") || !strings.Contains(text, "Tid Scan on jobs") {
 			t.Fatalf("claim %d: generic plan on an empty table:\n%s", i, text)
 		}
