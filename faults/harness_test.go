@@ -19,6 +19,7 @@ import (
 	"github.com/leashq/leash/internal/faultproxy"
 	"github.com/leashq/leash/internal/pgcluster"
 	"github.com/leashq/leash/internal/pgtest"
+	"github.com/leashq/leash/internal/store"
 	"github.com/leashq/leash/internal/syncbuf"
 	"github.com/leashq/leash/pool"
 )
@@ -207,4 +208,12 @@ func (h *harness) events() []event {
 		fh.Close()
 	}
 	return out
+}
+
+// ensureAndClaim creates the queues' rows, as a pool does before it claims, then claims.
+func ensureAndClaim(ctx context.Context, db store.DBTX, p store.ClaimParams) ([]store.ClaimedJob, error) {
+	if err := store.EnsureQueues(ctx, db, p.Queues); err != nil {
+		return nil, err
+	}
+	return store.Claim(ctx, db, p)
 }

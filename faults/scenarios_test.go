@@ -251,7 +251,7 @@ func TestRescuerCompleteHeartbeatRace(t *testing.T) {
 	ctx := context.Background()
 	const n = 300
 	h.enqueue(n, "ledger", ledgerArgs{}, 20)
-	claimed, err := store.Claim(ctx, h.db, store.ClaimParams{Queues: []string{"default"}, Limit: n, WorkerID: "old", Lease: time.Minute})
+	claimed, err := ensureAndClaim(ctx, h.db, store.ClaimParams{Queues: []string{"default"}, Limit: n, WorkerID: "old", Lease: time.Minute})
 	if err != nil || len(claimed) != n {
 		t.Fatalf("claim: %d, %v", len(claimed), err)
 	}

@@ -37,6 +37,7 @@ func (p *Pool) claimLoop(ctx context.Context) {
 	failed := false         // the last claim failed: wait for a wake-up or the poll
 	woken := false          // a notification arrived while a claim was in flight
 	saturated := false      // the last claim took every slot it asked for: jobs are waiting
+	busy := 0               // claims in a row that found nothing but a capped queue's row held
 	var gatherUntil time.Time
 	for {
 		// Start claims: several while work flows, one at a time otherwise.
@@ -93,11 +94,17 @@ func (p *Pool) claimLoop(ctx context.Context) {
 					failed, saturated = true, false
 					claimNow, woken = woken, false
 				case r.n > 0:
-					idleSince, failed, claimNow = time.Time{}, false, true
+					idleSince, failed, claimNow, busy = time.Time{}, false, true, 0
 					saturated = r.n == r.limit
 					w.unregister()
-				default:
+				case r.busy:
+					// Another claim of a capped queue holds its row for a few milliseconds: try
+					// again soon (backing off while it stays held), without counting as idle.
 					failed, saturated = false, false
+					busy++
+					claimNow, woken = woken, false
+				default:
+					failed, saturated, busy = false, false, 0
 					if idleSince.IsZero() {
 						idleSince = time.Now()
 					}
@@ -134,6 +141,8 @@ func (p *Pool) claimLoop(ctx context.Context) {
 		switch {
 		case gathering:
 			recheck = max(time.Until(gatherUntil), time.Microsecond)
+		case busy > 0 && !full && !failed:
+			recheck = min(max(p.cfg.IdlePollInterval, time.Millisecond)<<min(busy-1, 16), p.cfg.PollInterval)
 		case full || failed || idleSince.IsZero():
 		case !w.registered && waited:
 			// Registering failed (and is tried again at the next poll): poll, not spin.
@@ -172,6 +181,7 @@ func (p *Pool) claimLoop(ctx context.Context) {
 // claimResult is what one claim in flight returned.
 type claimResult struct {
 	limit, n int
+	busy     bool // nothing claimed because a capped queue's row was held
 	err      error
 }
 
@@ -192,8 +202,8 @@ func (c *claimsInFlight) start(ctx context.Context, p *Pool, limit int) {
 	c.n++
 	c.reserved += limit
 	go func() {
-		n, err := p.claim(ctx, limit)
-		c.results <- claimResult{limit: limit, n: n, err: err}
+		n, busy, err := p.claim(ctx, limit)
+		c.results <- claimResult{limit: limit, n: n, busy: busy, err: err}
 	}()
 }
 
@@ -300,14 +310,15 @@ func (p *Pool) jitteredPoll() time.Duration {
 	return d - d/10 + time.Duration(rand.Int64N(int64(d)/5+1))
 }
 
-// claim leases up to limit jobs and starts them: first from each active capped queue, under that
-// queue's lock, as much as its cap leaves room for; then from the active uncapped queues in one
+// claim leases up to limit jobs and starts them: first from each active capped queue, holding
+// that queue's row, as much as its cap leaves room for; then from the active uncapped queues in one
 // statement (see queues.go). Capped queues go first because they can never take more than their
 // room, while the uncapped ones would fill every free slot and starve them. With
 // OutcomesWithClaims, outcomes waiting to be written ride along with the uncapped claim: they are
 // written in the same transaction, one commit for both. The statements are not cut short by
-// ctx: jobs they claim are always started (and handed back on shutdown), never stranded.
-func (p *Pool) claim(ctx context.Context, limit int) (int, error) {
+// ctx: jobs they claim are always started (and handed back on shutdown), never stranded. busy
+// reports that a capped queue was passed over because another claim held its row.
+func (p *Pool) claim(ctx context.Context, limit int) (n int, busy bool, err error) {
 	p.refreshQueues(ctx)
 	plan := p.queues.plan(p.cfg.Queues)
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
@@ -323,7 +334,9 @@ func (p *Pool) claim(ctx context.Context, limit int) (int, error) {
 		jobs, err := store.ClaimCapped(sctx, controlDB{p}, params)
 		if err != nil {
 			// This queue waits for the next round; the others are claimed now.
-			if !errors.Is(err, store.ErrQueueBusy) {
+			if errors.Is(err, store.ErrQueueBusy) {
+				busy = true
+			} else {
 				firstErr = cmp.Or(firstErr, err)
 			}
 			p.log.DebugContext(ctx, "claiming jobs of a capped queue failed", slog.String("queue", q), slog.Any("err", err))
@@ -340,9 +353,9 @@ func (p *Pool) claim(ctx context.Context, limit int) (int, error) {
 		claimed += n
 	}
 	if claimed > 0 {
-		return claimed, nil // what was claimed runs; a failed part is tried again next round
+		return claimed, false, nil // what was claimed runs; a failed part is tried again next round
 	}
-	return 0, firstErr
+	return 0, busy && firstErr == nil, firstErr
 }
 
 // claimScan is where the claim loop's index scan of a single queue starts (see

@@ -24,7 +24,7 @@ func TestWriteSplitsRejectedBatch(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	jobs, err := store.Claim(ctx, db, store.ClaimParams{Queues: []string{"default"}, Limit: 10, WorkerID: "w", Lease: time.Minute})
+	jobs, err := ensureAndClaim(ctx, db, store.ClaimParams{Queues: []string{"default"}, Limit: 10, WorkerID: "w", Lease: time.Minute})
 	if err != nil || len(jobs) != 10 {
 		t.Fatalf("claim: %d %v", len(jobs), err)
 	}
@@ -47,4 +47,12 @@ func TestWriteSplitsRejectedBatch(t *testing.T) {
 	if completed != 9 {
 		t.Fatalf("%d completed", completed)
 	}
+}
+
+// ensureAndClaim creates the queues' rows, as a pool does before it claims, then claims.
+func ensureAndClaim(ctx context.Context, db store.DBTX, p store.ClaimParams) ([]store.ClaimedJob, error) {
+	if err := store.EnsureQueues(ctx, db, p.Queues); err != nil {
+		return nil, err
+	}
+	return store.Claim(ctx, db, p)
 }

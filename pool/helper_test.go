@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/leashq/leash/internal/store"
 	"github.com/leashq/leash/pool"
 )
 
@@ -38,4 +39,12 @@ func runHelperWorker() bool {
 	p.Run(ctx)
 	os.Exit(0)
 	return true
+}
+
+// ensureAndClaim creates the queues' rows, as a pool does before it claims, then claims.
+func ensureAndClaim(ctx context.Context, db store.DBTX, p store.ClaimParams) ([]store.ClaimedJob, error) {
+	if err := store.EnsureQueues(ctx, db, p.Queues); err != nil {
+		return nil, err
+	}
+	return store.Claim(ctx, db, p)
 }

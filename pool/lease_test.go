@@ -368,7 +368,7 @@ func TestFenceRejectsStaleToken(t *testing.T) {
 	ctx := context.Background()
 	insert(t, db, "k", nil, nil)
 	claim := func() store.ClaimedJob {
-		jobs, err := store.Claim(ctx, db, store.ClaimParams{Queues: []string{"default"}, Limit: 1, WorkerID: "t", Lease: time.Minute})
+		jobs, err := ensureAndClaim(ctx, db, store.ClaimParams{Queues: []string{"default"}, Limit: 1, WorkerID: "t", Lease: time.Minute})
 		if err != nil || len(jobs) != 1 {
 			t.Fatalf("claim: %v, %v", jobs, err)
 		}

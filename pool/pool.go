@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -266,6 +267,9 @@ func (p *Pool) Run(ctx context.Context) error {
 		p.ctl.Store(ctl)
 		defer ctl.Close()
 	}
+	if err := p.ensureQueues(ctx); err != nil {
+		return err
+	}
 	p.jobsCtx = context.WithoutCancel(ctx)
 
 	svcCtx, stopServices := context.WithCancel(context.WithoutCancel(ctx))
@@ -368,4 +372,19 @@ func (p *Pool) poke(ch chan struct{}) {
 	case ch <- struct{}{}:
 	default:
 	}
+}
+
+// ensureQueues creates the rows of the pool's queues in leash.queues before the first claim, and
+// refuses to start when the pool's role may not: claims take a queue only through its row, so
+// the queues would never run. Any other failure (the database not reachable yet) is left to the
+// claim loop, which creates missing rows before it claims.
+func (p *Pool) ensureQueues(ctx context.Context) error {
+	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	err := store.EnsureQueues(sctx, p.control(), p.cfg.Queues)
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code == "42501" {
+		return fmt.Errorf("pool: %w (the workers' role needs GRANT SELECT, INSERT, UPDATE ON leash.queues)", err)
+	}
+	return nil
 }

@@ -17,10 +17,12 @@ import (
 
 // Queue control (leash.queues). A paused queue is claimed by no worker; a capped queue has at most
 // MaxRunning jobs running at once across all workers. A queue without a row is active and
-// uncapped. The database is the authority: every claim checks the queue's row itself, so a pause
-// binds every claim that begins after PauseQueue returns, whatever a worker believes. Workers
-// keep a view of the rows only to route claims (capped queues are claimed under a lock on their
-// row, one queue at a time) and to skip paused queues without a query; the view is re-read when
+// uncapped. The database is the authority: every claim takes the queue's row itself (FOR SHARE,
+// or FOR UPDATE for a capped queue), and a change to the row waits for the claims holding it, so
+// a pause or a lowered cap binds from its commit, whatever a worker believes. A pool creates the
+// rows of its queues that are missing (active, uncapped) before it claims them. Workers keep a
+// view of the rows only to route claims (capped queues are claimed one queue and one claim at a
+// time) and to skip paused queues without a query; the view is re-read when
 // a queue_changed notification arrives, after each reconnect of the listener and at least once
 // per PollInterval, so a lost notification costs at most one poll interval of latency.
 
@@ -37,8 +39,9 @@ type QueueState struct {
 	Running int64
 }
 
-// PauseQueue pauses a queue across every worker: once it returns, no worker starts a job of the
-// queue (a claim that began before it may still start its jobs); running jobs go on. It is
+// PauseQueue pauses a queue across every worker: once it has committed, no worker starts a job of
+// the queue (it waits for the claims of the queue in flight, which then start theirs, and later
+// claims read the pause); running jobs go on. It is
 // durable: the queue stays paused through restarts until ResumeQueue. It reports whether the
 // queue was active before.
 func PauseQueue(ctx context.Context, db DB, name string) (bool, error) {
@@ -58,8 +61,9 @@ func ResumeQueue(ctx context.Context, db DB, name string) (bool, error) {
 }
 
 // SetQueueMaxRunning caps the number of the queue's jobs running at once across all workers; a
-// negative max removes the cap. Every worker applies it from its next claim; jobs already running
-// over a lowered cap go on, and no new one starts until the queue is under it.
+// negative max removes the cap. It binds every worker from its commit (it waits for the claims of
+// the queue in flight, and later claims read it); jobs already running over a lowered cap go on,
+// and no new one starts until the queue is under it.
 func SetQueueMaxRunning(ctx context.Context, db DB, name string, max int) error {
 	if err := checkQueueName(name); err != nil {
 		return err
@@ -176,6 +180,13 @@ func (p *Pool) refreshQueues(ctx context.Context) {
 	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	rows, err := store.QueueControls(sctx, p.control(), p.cfg.Queues)
+	if err == nil && len(rows) < len(p.cfg.Queues) {
+		// Claims take a queue only through its row: create the missing ones (active, uncapped),
+		// then read again what any client wrote meanwhile.
+		if err = store.EnsureQueues(sctx, p.control(), p.cfg.Queues); err == nil {
+			rows, err = store.QueueControls(sctx, p.control(), p.cfg.Queues)
+		}
+	}
 	if err != nil {
 		if ctx.Err() == nil && !errors.Is(err, context.Canceled) {
 			p.log.WarnContext(ctx, "reading queue controls failed; keeping the last view", slog.Any("err", err))

@@ -1,13 +1,16 @@
 package pool_test
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/leashq/leash/internal/pgtest"
@@ -174,8 +177,10 @@ func TestPausedQueueSurvivesRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(qs) != 1 || qs[0].Name != "held" || qs[0].PausedAt != nil || qs[0].Available != 0 {
-		t.Fatalf("ListQueues = %+v; want only held, active and empty", qs)
+	// The pool created the row of the queue it serves that had none.
+	if len(qs) != 2 || qs[0].Name != "held" || qs[0].PausedAt != nil || qs[0].Available != 0 ||
+		qs[1].Name != "other" || qs[1].PausedAt != nil || qs[1].MaxRunning != nil {
+		t.Fatalf("ListQueues = %+v; want held and other, active and empty", qs)
 	}
 }
 
@@ -211,7 +216,49 @@ func sampleRunning(t *testing.T, db *pgxpool.Pool, queue string, stop <-chan str
 // the handlers running at once nor the rows running ever exceed it, and the queue drains.
 func TestQueueCapHeldAcrossPools(t *testing.T) {
 	t.Parallel()
-	db := pgtest.Pool(t)
+	// Also with the isolation level a DBA may set for the database: the capped claim's count is
+	// exact only under READ COMMITTED, which it sets for itself.
+	for _, iso := range []string{"", "repeatable read", "serializable"} {
+		t.Run(strings.ReplaceAll(cmp.Or(iso, "default"), " ", "_"), func(t *testing.T) {
+			t.Parallel()
+			db := pgtest.Pool(t)
+			if iso != "" {
+				db = withDatabaseSetting(t, db, "default_transaction_isolation", iso)
+			}
+			queueCapHeldAcrossPools(t, db)
+		})
+	}
+}
+
+// withDatabaseSetting sets name for db's database, as a DBA does with ALTER DATABASE ... SET, and
+// returns a new pool whose connections start with it.
+func withDatabaseSetting(t *testing.T, db *pgxpool.Pool, name, value string) *pgxpool.Pool {
+	t.Helper()
+	ctx := context.Background()
+	var dbname string
+	if err := db.QueryRow(ctx, `SELECT current_database()`).Scan(&dbname); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(ctx, fmt.Sprintf(`ALTER DATABASE %s SET %s = %s`,
+		pgx.Identifier{dbname}.Sanitize(), pgx.Identifier{name}.Sanitize(), quoteLiteral(value))); err != nil {
+		t.Fatal(err)
+	}
+	np, err := pgxpool.New(ctx, db.Config().ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(np.Close)
+	var got string
+	if err := np.QueryRow(ctx, `SELECT current_setting($1)`, name).Scan(&got); err != nil || got != value {
+		t.Fatalf("%s on a new connection = %q, %v; want %q", name, got, err, value)
+	}
+	return np
+}
+
+func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
+func queueCapHeldAcrossPools(t *testing.T, db *pgxpool.Pool) {
+	t.Helper()
 	ctx := context.Background()
 	const capN, jobs = 3, 400
 	if err := pool.SetQueueMaxRunning(ctx, db, "capped", capN); err != nil {
@@ -243,8 +290,13 @@ func TestQueueCapHeldAcrossPools(t *testing.T) {
 	}
 }
 
-// A cap raised under load lets more run at once from the next claim; lowered, no new job starts
-// until the queue is under the new cap, and from then on it holds.
+// A change to a queue's row binds from its commit, with no settling time: four pools claim a
+// capped queue while its cap is raised, lowered, removed and the queue paused, each change by
+// plain SQL in a transaction that also reads which jobs are running and the last lease token
+// drawn. Every claim that read the old row committed before the change did (so its jobs are
+// among those read, or finished before the read); every job claimed after it started only while
+// fewer than the new cap ran, counting the jobs still running from before; none started while
+// the queue was paused.
 func TestQueueCapChangedUnderLoad(t *testing.T) {
 	t.Parallel()
 	db := pgtest.Pool(t)
@@ -253,53 +305,140 @@ func TestQueueCapChangedUnderLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	insertMany(t, db, "q", "work", 100000)
-	var c concurrency
+	var (
+		mu   sync.Mutex
+		runs = map[int64]*capRun{} // by lease token
+	)
+	handler := pool.HandlerFunc(func(ctx context.Context, j *pool.Job) error {
+		r := &capRun{start: time.Now()}
+		mu.Lock()
+		runs[j.Token] = r
+		mu.Unlock()
+		select {
+		case <-time.After(5 * time.Millisecond):
+		case <-ctx.Done():
+		}
+		mu.Lock()
+		r.end = time.Now()
+		mu.Unlock()
+		return nil
+	})
 	for range 4 {
 		cfg := fastConfig()
 		cfg.Queues = []string{"q"}
 		cfg.Concurrency = 4
-		p, _ := setup(t, db, cfg, map[string]pool.Handler{"work": holding(&c, 5*time.Millisecond)})
+		p, _ := setup(t, db, cfg, map[string]pool.Handler{"work": handler})
 		start(t, p)
 	}
-	phase := func(name string, capN int64, until func() bool) {
+	// change runs sql on the queue's row and returns what was running at its commit.
+	change := func(sql string) capChange {
 		t.Helper()
-		// Whatever ran before the change finishes; then the new cap alone decides.
-		waitFor(t, 10*time.Second, func() bool {
-			return c.now.Load() <= capN &&
-				count(t, db, `SELECT count(*) FROM leash.jobs WHERE queue = 'q' AND state = 'running'`) <= capN
-		})
-		c.max.Store(c.now.Load())
-		stop := make(chan struct{})
-		most := sampleRunning(t, db, "q", stop)
-		waitFor(t, 20*time.Second, until)
-		close(stop)
-		if m := c.max.Load(); m > capN {
-			t.Fatalf("%s: %d handlers ran at once; the cap is %d", name, m, capN)
+		tx, err := db.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
 		}
-		if m := most.Load(); m > capN {
-			t.Fatalf("%s: %d jobs running at once in the database; the cap is %d", name, m, capN)
+		defer tx.Rollback(ctx)
+		if _, err := tx.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+		c := capChange{running: map[int64]bool{}}
+		rows, err := tx.Query(ctx, `SELECT lease_token FROM leash.jobs WHERE queue = 'q' AND state = 'running'`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tokens, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, tok := range tokens {
+			c.running[tok] = true
+		}
+		if err := tx.QueryRow(ctx, `SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM leash.lease_tokens`).Scan(&c.lastToken); err != nil {
+			t.Fatal(err)
+		}
+		c.read = time.Now()
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	// check verifies the claims around change c under capN (0: paused), once after jobs claimed
+	// after it have run (want of them).
+	check := func(name string, c capChange, capN int, want int) {
+		t.Helper()
+		after := func() (n int) {
+			mu.Lock()
+			defer mu.Unlock()
+			for tok, r := range runs {
+				if tok > c.lastToken && !r.end.IsZero() {
+					n++
+				}
+			}
+			return n
+		}
+		if want > 0 {
+			waitFor(t, 20*time.Second, func() bool { return after() >= want })
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		for tok, r := range runs {
+			if tok <= c.lastToken && !c.running[tok] && (r.end.IsZero() || r.end.After(c.read)) {
+				t.Fatalf("%s: a job claimed before the change (token %d) was not running at its commit and ran on after it", name, tok)
+			}
+			if tok <= c.lastToken {
+				continue
+			}
+			if capN == 0 {
+				t.Fatalf("%s: a job (token %d) started after the queue was paused", name, tok)
+			}
+			// At this job's start, how many ran: none claimed after the change starts unless
+			// fewer than the cap run, whenever the others were claimed.
+			at := 0
+			for _, o := range runs {
+				if !o.start.After(r.start) && (o.end.IsZero() || o.end.After(r.start)) {
+					at++
+				}
+			}
+			if at > capN {
+				t.Fatalf("%s: %d jobs ran when a job claimed after the change (token %d) started; the cap is %d", name, at, tok, capN)
+			}
 		}
 	}
-	completed := func() int64 { return count(t, db, `SELECT count(*) FROM leash.jobs WHERE state = 'completed'`) }
-	base := completed()
-	phase("cap 2", 2, func() bool { return completed() >= base+100 })
+	check("cap 2", change(`UPDATE leash.queues SET max_running = 2 WHERE name = 'q'`), 2, 100)
+	check("raised to 6", change(`UPDATE leash.queues SET max_running = 6 WHERE name = 'q'`), 6, 100)
+	check("lowered to 1", change(`UPDATE leash.queues SET max_running = 1 WHERE name = 'q'`), 1, 50)
+	paused := change(`UPDATE leash.queues SET paused_at = now() WHERE name = 'q'`)
+	time.Sleep(3 * fastConfig().PollInterval) // a window in which nothing may start
+	check("raised to 6 while paused", change(`UPDATE leash.queues SET max_running = 6 WHERE name = 'q'`), 0, 0)
+	check("paused", paused, 0, 0)
+	check("resumed under 3", change(`UPDATE leash.queues SET paused_at = NULL, max_running = 3 WHERE name = 'q'`), 3, 50)
+	// Without a cap all 16 slots fill; capped again by the Go API, at once.
+	uncapped := change(`UPDATE leash.queues SET max_running = NULL WHERE name = 'q'`)
+	waitFor(t, 20*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		now := time.Now()
+		n := 0
+		for tok, r := range runs {
+			if tok > uncapped.lastToken && r.end.IsZero() && r.start.Before(now) {
+				n++
+			}
+		}
+		return n > 6
+	})
+	check("capped again at 2", change(`UPDATE leash.queues SET max_running = 2 WHERE name = 'q'`), 2, 50)
+}
 
-	if err := pool.SetQueueMaxRunning(ctx, db, "q", 6); err != nil {
-		t.Fatal(err)
-	}
-	phase("raised to 6", 6, func() bool { return c.max.Load() > 2 })
+// capRun is one job's run in TestQueueCapChangedUnderLoad.
+type capRun struct{ start, end time.Time }
 
-	if err := pool.SetQueueMaxRunning(ctx, db, "q", 1); err != nil {
-		t.Fatal(err)
-	}
-	base = completed()
-	phase("lowered to 1", 1, func() bool { return completed() >= base+50 })
-
-	// Without a cap all 16 slots fill.
-	if err := pool.SetQueueMaxRunning(ctx, db, "q", -1); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, 20*time.Second, func() bool { return c.now.Load() > 6 })
+// capChange is what a change to a queue's row saw at its commit: the lease tokens of the jobs
+// running, the last token drawn (every job claimed after the commit has a larger one), and the
+// time just before the commit.
+type capChange struct {
+	running   map[int64]bool
+	lastToken int64
+	read      time.Time
 }
 
 // Queue names from outside are checked before they reach SQL.
@@ -350,21 +489,12 @@ func TestHigherPriorityFoundAheadOfTheCursor(t *testing.T) {
 }
 
 // A worker of several queues gives its capped queue its room under the cap, however much the
-// uncapped ones have queued; and nobody holding a queue's row (a forgotten transaction in psql)
-// can stall its claims.
+// uncapped ones have queued.
 func TestCappedQueueAmongOthers(t *testing.T) {
 	t.Parallel()
 	db := pgtest.Pool(t)
 	ctx := context.Background()
 	if err := pool.SetQueueMaxRunning(ctx, db, "reports", 2); err != nil {
-		t.Fatal(err)
-	}
-	tx, err := db.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, `SELECT * FROM leash.queues WHERE name = 'reports' FOR UPDATE`); err != nil {
 		t.Fatal(err)
 	}
 	insertMany(t, db, "bulk", "bulk", 3000)
@@ -381,4 +511,108 @@ func TestCappedQueueAmongOthers(t *testing.T) {
 	if n := count(t, db, `SELECT count(*) FROM leash.jobs WHERE queue = 'bulk' AND state = 'completed'`); n == 3000 {
 		t.Fatal("the reports waited for the whole bulk backlog")
 	}
+}
+
+// A capped queue whose row a transaction holds (a change not yet committed, or a forgotten
+// SELECT ... FOR UPDATE of a role allowed to update leash.queues) waits for that transaction, and
+// the worker's other queues do not wait with it: the bulk queue drains at full speed (a claim
+// that waited even a tenth of a second per round could not drain it in time). Once the
+// transaction ends, the capped queue runs.
+func TestHeldCappedQueueDoesNotDelayOthers(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	ctx := context.Background()
+	if err := pool.SetQueueMaxRunning(ctx, db, "reports", 2); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `SELECT * FROM leash.queues WHERE name = 'reports' FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	insertMany(t, db, "reports", "report", 10)
+	cfg := fastConfig()
+	cfg.Queues = []string{"bulk", "reports"}
+	cfg.Concurrency = 1
+	var c concurrency
+	p, _ := setup(t, db, cfg, map[string]pool.Handler{"bulk": holding(&c, 0), "report": holding(&c, 0)})
+	start(t, p)
+	// One job per claim round: 200 rounds. Waiting 100ms per round for the held row would take
+	// 20s.
+	insertMany(t, db, "bulk", "bulk", 200)
+	waitFor(t, 10*time.Second, func() bool {
+		return count(t, db, `SELECT count(*) FROM leash.jobs WHERE queue = 'bulk' AND state = 'completed'`) == 200
+	})
+	if n := count(t, db, `SELECT count(*) FROM leash.jobs WHERE queue = 'reports' AND attempt > 0`); n != 0 {
+		t.Fatalf("%d jobs of the capped queue started while its row was held", n)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, func() bool {
+		return count(t, db, `SELECT count(*) FROM leash.jobs WHERE queue = 'reports' AND state = 'completed'`) == 10
+	})
+}
+
+// A role without grants on schema leash cannot stop or slow claiming: it may not lock a queue's
+// row (nor read leash.queues' rows to find one), and the advisory locks it may take are none
+// that claims or registrations wait for. Here it holds the keys the previous release used for a
+// capped queue's claims and for the waiting hint, while a worker of a capped and an uncapped queue
+// drains both and registers as waiting.
+func TestRoleWithoutGrantsCannotStallClaims(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	ctx := context.Background()
+	if err := pool.SetQueueMaxRunning(ctx, db, "capq", 2); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := db.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	role := fmt.Sprintf("stranger_%d", time.Now().UnixNano()%1e9)
+	t.Cleanup(func() {
+		conn.Exec(ctx, "RESET ROLE")
+		conn.Release()
+		db.Exec(ctx, "DROP ROLE IF EXISTS "+role)
+	})
+	for _, sql := range []string{"CREATE ROLE " + role + " NOLOGIN", "GRANT USAGE ON SCHEMA leash TO " + role, "SET ROLE " + role} {
+		if _, err := conn.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	for _, sql := range []string{
+		`SELECT FROM leash.queues WHERE name = 'capq' FOR UPDATE`,
+		`SELECT FROM leash.queues WHERE name = 'capq' FOR KEY SHARE`,
+		`SELECT FROM leash.waiting_hint_lock FOR UPDATE`,
+	} {
+		if _, err := conn.Exec(ctx, sql); err == nil {
+			t.Fatalf("a role without grants ran %s", sql)
+		}
+	}
+	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock(1818583411, hashtext('capq')), pg_advisory_lock(30510766707210100)`); err != nil {
+		t.Fatal(err)
+	}
+	cfg := fastConfig()
+	cfg.Queues = []string{"capq", "other"}
+	cfg.Concurrency = 2
+	cfg.WaitAfter = time.Millisecond
+	var c concurrency
+	p, _ := setup(t, db, cfg, map[string]pool.Handler{"w": holding(&c, 0)})
+	start(t, p)
+	insertMany(t, db, "capq", "w", 100)
+	insertMany(t, db, "other", "w", 100)
+	// Claims that waited a second per round for the capped queue's old key would run one round
+	// a second.
+	waitFor(t, 10*time.Second, func() bool {
+		return count(t, db, `SELECT count(*) FROM leash.jobs WHERE state = 'completed'`) == 200
+	})
+	// Idle now: the worker registers as waiting (so that inserts notify it) although the hint's
+	// old key is held.
+	waitFor(t, 10*time.Second, func() bool {
+		return count(t, db, `SELECT count(*) FROM leash.waiters`) > 0
+	})
 }

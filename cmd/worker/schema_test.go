@@ -58,7 +58,7 @@ func TestSchemaCheckAtStart(t *testing.T) {
 	}
 	out, err := runCmd(t, env, "migrate", "-status")
 	if err != nil || !strings.Contains(out, "applied:  none (leash.schema_migrations does not exist)") ||
-		!strings.Contains(out, "  1  001_jobs") || !strings.Contains(out, fmt.Sprintf("schema is at version 0; this worker (release %s) needs %d", version.Release, expected)) {
+		!regexp.MustCompile(`(?m)^\s+1\s+001_jobs`).MatchString(out) || !strings.Contains(out, fmt.Sprintf("schema is at version 0; this worker (release %s) needs %d", version.Release, expected)) {
 		t.Fatalf("status of an empty database: %v\n%s", err, out)
 	}
 
@@ -69,7 +69,7 @@ func TestSchemaCheckAtStart(t *testing.T) {
 		t.Fatalf("run on the first release's schema: %v; want %q", err, want)
 	}
 	out, err = runCmd(t, env, "migrate", "-status")
-	applied := regexp.MustCompile(`(?m)^applied:\n  1  001_jobs  \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ\npending:\n  2  002_guarantees\s*\n  3  003_wakeups`)
+	applied := regexp.MustCompile(`(?m)^applied:\n +1 +001_jobs +\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ\npending:\n +2 +002_guarantees\s*\n +3 +003_wakeups`)
 	if err != nil || !applied.MatchString(out) {
 		t.Fatalf("status of the first release's schema: %v\n%s", err, out)
 	}

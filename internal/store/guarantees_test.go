@@ -46,7 +46,7 @@ func runningJob(t *testing.T, db store.DBTX, lease time.Duration) store.ClaimedJ
 // claimOne claims a single job for worker w and returns it.
 func claimOne(t *testing.T, db store.DBTX, lease time.Duration) store.ClaimedJob {
 	t.Helper()
-	jobs, err := store.Claim(context.Background(), db, store.ClaimParams{Queues: []string{"default"}, Limit: 1, WorkerID: "w", Lease: lease})
+	jobs, err := ensureAndClaim(context.Background(), db, store.ClaimParams{Queues: []string{"default"}, Limit: 1, WorkerID: "w", Lease: lease})
 	if err != nil || len(jobs) != 1 {
 		t.Fatalf("claim: %v, %d jobs", err, len(jobs))
 	}
@@ -120,7 +120,7 @@ func TestClaimSkipsRevokedRows(t *testing.T) {
 	}
 	exec(t, conn, `RESET session_replication_role`)
 	conn.Release()
-	jobs, err := store.Claim(ctx, db, store.ClaimParams{Queues: []string{"default"}, Limit: 10, WorkerID: "w", Lease: time.Minute})
+	jobs, err := ensureAndClaim(ctx, db, store.ClaimParams{Queues: []string{"default"}, Limit: 10, WorkerID: "w", Lease: time.Minute})
 	if err != nil || len(jobs) != 0 {
 		t.Fatalf("claimed %+v (%v): a revoked row must never run", jobs, err)
 	}
@@ -470,7 +470,7 @@ func TestFinishAndClaimIsOneTransaction(t *testing.T) {
 	}
 	j := claimOne(t, db, time.Minute)
 	params := store.ClaimParams{Queues: []string{"default"}, Limit: 1, WorkerID: "w", Lease: time.Minute}
-	_, _, err := store.FinishAndClaim(ctx, db, []store.Outcome{{ID: j.ID, Token: j.Token, State: "exploded"}}, params)
+	_, _, err := ensureAndFinishAndClaim(ctx, db, []store.Outcome{{ID: j.ID, Token: j.Token, State: "exploded"}}, params)
 	if err == nil {
 		t.Fatal("a refused outcome did not fail the batch")
 	}
@@ -479,7 +479,7 @@ func TestFinishAndClaimIsOneTransaction(t *testing.T) {
 	if running != 1 {
 		t.Fatalf("%d running after a failed finish-and-claim, want only the first claim", running)
 	}
-	ws, jobs, err := store.FinishAndClaim(ctx, db, []store.Outcome{{ID: j.ID, Token: j.Token, State: "completed"}}, params)
+	ws, jobs, err := ensureAndFinishAndClaim(ctx, db, []store.Outcome{{ID: j.ID, Token: j.Token, State: "completed"}}, params)
 	if err != nil || len(ws) != 1 || ws[0].State != "completed" || len(jobs) != 1 {
 		t.Fatalf("finish and claim: %+v %+v %v", ws, jobs, err)
 	}

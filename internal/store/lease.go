@@ -4,12 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
@@ -137,23 +135,33 @@ const claimSQL = `
 		FOR UPDATE SKIP LOCKED
 	)` + claimTail
 
-// queueHeldSQL finds the leash.queues row of queue $1 when it pauses or caps the queue.
-const queueHeldSQL = `SELECT FROM leash.queues q WHERE q.name = $1 AND (q.paused_at IS NOT NULL OR q.max_running IS NOT NULL)`
+// queueGateSQL is the claim's guard on queue $1's leash.queues row: the row, while it neither
+// pauses nor caps the queue, locked FOR SHARE for the rest of the claim's transaction. A change
+// to the row (UPDATE, DELETE, pause_queue, SetQueueMaxRunning, any SQL client's) locks it FOR NO
+// KEY UPDATE or stronger, which conflicts: it waits for the claims that hold the row, and the
+// claims that come after it skip the row (SKIP LOCKED: they take nothing of the queue) until it
+// has committed or rolled back, then lock its new version, which READ COMMITTED re-reads however
+// old the claim's snapshot. So no claim that read the old setting commits after a pause or cap
+// does: both are exact from their commit. A queue without a row is not claimed by this statement;
+// the pool creates the rows of its queues (EnsureQueues) before it claims. Locking the row takes
+// the UPDATE privilege on leash.queues, which roles without grants lack: they cannot hold the
+// row, and so cannot stall claims.
+const queueGateSQL = `SELECT FROM leash.queues q WHERE q.name = $1 AND q.paused_at IS NULL AND q.max_running IS NULL FOR SHARE SKIP LOCKED`
 
-// The claim of uncapped queues skips every queue whose leash.queues row pauses or caps it, as
-// seen by the statement's own snapshot: a pause committed before the claim began binds it,
-// whatever the worker believed. A capped queue is claimed by ClaimCapped instead.
+// The claim of uncapped queues takes only queues whose leash.queues row neither pauses nor caps
+// them (see queueGateSQL). A capped queue is claimed by ClaimCapped instead.
 var (
-	claimOneQueueSQL = fmt.Sprintf(claimSQL, `queue = $1 AND NOT EXISTS (`+queueHeldSQL+`)`, claimTraceContextBytes)
+	claimOneQueueSQL = fmt.Sprintf(strings.Replace(claimSQL, "WITH picked AS (", "WITH gate AS ("+queueGateSQL+"), picked AS (", 1),
+		`queue = $1 AND EXISTS (SELECT FROM gate)`, claimTraceContextBytes)
 	// Past a cursor: three index ranges, in claim order, each locked only as far as needed: the
 	// cursor's priority within the lag before its run_at; its priority and run_at from the id
 	// where the claims stood a lag ago; everything after it.
 	claimOneQueueAfterSQL = fmt.Sprintf(`
-	WITH lagged AS (
+	WITH gate AS (`+queueGateSQL+`), lagged AS (
 		SELECT id, ctid FROM leash.jobs
 		WHERE state IN ('available', 'retryable') AND queue = $1 AND priority = $5::smallint
 		  AND run_at >= $8::timestamptz AND run_at < $6::timestamptz AND run_at <= now() AND revoked_at IS NULL
-		  AND NOT EXISTS (`+queueHeldSQL+`)
+		  AND EXISTS (SELECT FROM gate)
 		ORDER BY priority, run_at, id
 		LIMIT $2
 		FOR UPDATE SKIP LOCKED
@@ -161,7 +169,7 @@ var (
 		SELECT id, ctid FROM leash.jobs
 		WHERE state IN ('available', 'retryable') AND queue = $1 AND priority = $5::smallint
 		  AND run_at = $6::timestamptz AND id >= $9::bigint AND id < $7::bigint AND run_at <= now() AND revoked_at IS NULL
-		  AND NOT EXISTS (`+queueHeldSQL+`)
+		  AND EXISTS (SELECT FROM gate)
 		ORDER BY priority, run_at, id
 		LIMIT $2 - (SELECT count(*) FROM lagged)
 		FOR UPDATE SKIP LOCKED
@@ -169,7 +177,7 @@ var (
 		SELECT id, ctid FROM leash.jobs
 		WHERE state IN ('available', 'retryable') AND queue = $1
 		  AND (priority, run_at, id) > ($5::smallint, $6::timestamptz, $7::bigint) AND run_at <= now() AND revoked_at IS NULL
-		  AND NOT EXISTS (`+queueHeldSQL+`)
+		  AND EXISTS (SELECT FROM gate)
 		ORDER BY priority, run_at, id
 		LIMIT $2 - (SELECT count(*) FROM lagged) - (SELECT count(*) FROM passed)
 		FOR UPDATE SKIP LOCKED
@@ -179,12 +187,16 @@ var (
 	// Several queues: the head of each active queue through its own index scan (LATERAL), then
 	// the first $2 of those heads in claim order. One scan across the queues (queue = ANY(...))
 	// is planned as a bitmap scan and a sort of every queued row of them. Heads locked but not
-	// taken are unlocked at commit, a few milliseconds later, still available.
+	// taken are unlocked at commit, a few milliseconds later, still available. Each queue's row
+	// is its gate, as in queueGateSQL.
 	claimManyQueuesSQL = fmt.Sprintf(`
-	WITH heads AS (
+	WITH gate AS (
+		SELECT q.name FROM leash.queues q
+		WHERE q.name = ANY($1::text[]) AND q.paused_at IS NULL AND q.max_running IS NULL
+		FOR SHARE SKIP LOCKED
+	), heads AS (
 		SELECT h.id, h.ctid, h.priority, h.run_at
-		FROM (SELECT unnest($1::text[]) EXCEPT
-		      SELECT q.name FROM leash.queues q WHERE q.paused_at IS NOT NULL OR q.max_running IS NOT NULL) AS a(name)
+		FROM gate AS a
 		CROSS JOIN LATERAL (
 			SELECT id, ctid, priority, run_at FROM leash.jobs
 			WHERE state IN ('available', 'retryable') AND queue = a.name AND run_at <= now() AND revoked_at IS NULL
@@ -196,11 +208,24 @@ var (
 	)`+claimTail, claimTraceContextBytes)
 )
 
-// claimCappedSQL claims from one queue that leash.queues may pause or cap. It runs after
-// lockQueueSQL in the same transaction: with the queue's lock held, no other claim of the
-// queue is in flight, and this statement's snapshot (taken after the lock was granted) sees every
-// claim of the queue committed before it, so its count of running jobs is exact and the cap
-// holds across workers. A queue without a row is claimed like an uncapped one.
+// lockQueueRowSQL takes a capped queue's row for one claim: FOR UPDATE, so that the claims of
+// the queue, on every worker, run one at a time, and a change to the row waits for the claim in
+// flight (and the claim for a change in flight). It never waits: a row another claim holds is
+// skipped, and the queue is claimed in a later round (a claim holds it for a few milliseconds),
+// so a capped queue never delays the claims of the worker's other queues. Holding the row takes
+// the UPDATE privilege on leash.queues: a role without grants cannot stall the queue. What the
+// statement returns says whether the row was taken; it also marks the transaction so that the
+// claim that follows takes nothing unless it was (set_config runs only for the row locked).
+const lockQueueRowSQL = `
+	SELECT pg_catalog.set_config('leash.capped_claim', 'locked', true)
+	FROM (SELECT FROM leash.queues q WHERE q.name = $1 FOR UPDATE SKIP LOCKED) AS locked`
+
+// claimCappedSQL claims from one capped or paused queue. It runs after lockQueueRowSQL in the
+// same READ COMMITTED transaction: with the queue's row held, no other claim of the queue is in
+// flight and no change to the row commits, and this statement's snapshot (taken after the lock
+// was granted) sees every claim of the queue committed before it, so its count of running jobs
+// is exact and the cap holds across workers from the moment a change commits. Without the row
+// held (another claim has it, or it is gone) it takes nothing.
 var claimCappedSQL = strings.Replace(strings.Replace(claimSQL,
 	"WITH picked AS (", `WITH room AS (
 		SELECT CASE WHEN q.paused_at IS NOT NULL THEN 0
@@ -208,63 +233,75 @@ var claimCappedSQL = strings.Replace(strings.Replace(claimSQL,
 		            ELSE greatest(0, least($2::int, q.max_running - (
 		                SELECT count(*) FROM leash.jobs r WHERE r.queue = $1 AND r.state = 'running')::int))
 		       END AS n
-		FROM leash.queues q WHERE q.name = $1
-		UNION ALL
-		SELECT $2::int WHERE NOT EXISTS (SELECT FROM leash.queues q WHERE q.name = $1)
+		FROM leash.queues q
+		WHERE q.name = $1 AND current_setting('leash.capped_claim', true) = 'locked'
 	), picked AS (`, 1),
 	"LIMIT $2", "LIMIT (SELECT coalesce(min(n), 0) FROM room)", 1)
 
 var claimCappedOneSQL = fmt.Sprintf(claimCappedSQL, "queue = $1", claimTraceContextBytes)
 
-// lockQueueSQL serializes the claims of one capped queue (and only of that queue, up to hash
-// collisions, which merely serialize two queues' claims) with a transaction-level advisory lock:
-// a lock on the queue's row would let anyone holding that row (a forgotten BEGIN; SELECT ...
-// FOR UPDATE in psql) stall the queue's claims. The wait is bounded all the same (lock_timeout),
-// so that nothing can hold a claim loop for long.
-const lockQueueSQL = `SELECT set_config('lock_timeout', $2, true), pg_advisory_xact_lock(1818583411, hashtext($1))`
-
-// CappedLockTimeout bounds how long a capped queue's claim waits for the queue's lock.
-const CappedLockTimeout = time.Second
-
-// isLockNotAvailable reports whether err is PostgreSQL's lock_timeout (55P03).
-func isLockNotAvailable(err error) bool {
-	var pe *pgconn.PgError
-	return errors.As(err, &pe) && pe.Code == "55P03"
-}
-
-// ErrQueueBusy means a capped queue's claim gave up waiting for another claim of that queue.
-var ErrQueueBusy = errors.New("capped queue's claim lock busy")
+// ErrQueueBusy means a capped queue's claim found the queue's row held: by another worker's
+// claim of the queue (for a few milliseconds), or by a change to the row not yet committed.
+var ErrQueueBusy = errors.New("capped queue's row held by another claim or a change in progress")
 
 // ClaimCapped leases up to p.Limit runnable jobs of p.Queues[0], a queue leash.queues may pause
 // or cap: never so many that more than its max_running jobs run at once across all workers,
-// none while it is paused. Two statements in one transaction and one round trip.
+// none while it is paused. One transaction, READ COMMITTED whatever the session's default (the
+// count of running jobs must see what committed while the row was waited for), in one round
+// trip. It returns ErrQueueBusy, having claimed nothing, when the queue's row is held.
 func ClaimCapped(ctx context.Context, db Batcher, p ClaimParams) ([]ClaimedJob, error) {
 	if len(p.Queues) != 1 {
 		return nil, fmt.Errorf("claim jobs of a capped queue: want one queue, got %d", len(p.Queues))
 	}
+	q := p.Queues[0]
 	b := &pgx.Batch{}
-	b.Queue(lockQueueSQL, p.Queues[0], strconv.FormatInt(CappedLockTimeout.Milliseconds(), 10))
-	b.Queue(claimCappedOneSQL, p.Queues[0], p.Limit, p.WorkerID, millis(p.Lease))
+	b.Queue(`BEGIN ISOLATION LEVEL READ COMMITTED, READ WRITE`)
+	b.Queue(lockQueueRowSQL, q)
+	b.Queue(claimCappedOneSQL, q, p.Limit, p.WorkerID, millis(p.Lease))
+	b.Queue(`COMMIT`)
 	br := db.SendBatch(ctx, b)
 	defer br.Close()
 	if _, err := br.Exec(); err != nil {
-		if isLockNotAvailable(err) {
-			return nil, fmt.Errorf("claim jobs of capped queue %q: %w", p.Queues[0], ErrQueueBusy)
-		}
-		return nil, fmt.Errorf("claim jobs of capped queue %q: lock the queue: %w", p.Queues[0], err)
+		return nil, fmt.Errorf("claim jobs of capped queue %q: begin: %w", q, err)
 	}
+	tag, err := br.Exec()
+	if err != nil {
+		return nil, fmt.Errorf("claim jobs of capped queue %q: lock the queue's row: %w", q, err)
+	}
+	locked := tag.RowsAffected() > 0
 	rows, err := br.Query()
 	if err != nil {
-		return nil, fmt.Errorf("claim jobs of capped queue %q: %w", p.Queues[0], err)
+		return nil, fmt.Errorf("claim jobs of capped queue %q: %w", q, err)
 	}
 	jobs, err := scanClaimed(rows, p.Limit)
 	if err != nil {
 		return nil, err
 	}
+	if _, err := br.Exec(); err != nil {
+		// Nothing committed: the rows the claim leased are available again.
+		return nil, fmt.Errorf("claim jobs of capped queue %q: commit: %w", q, err)
+	}
 	if err := br.Close(); err != nil {
-		return nil, fmt.Errorf("claim jobs of capped queue %q: %w", p.Queues[0], err)
+		return nil, fmt.Errorf("claim jobs of capped queue %q: %w", q, err)
+	}
+	if !locked {
+		return nil, fmt.Errorf("claim jobs of capped queue %q: %w", q, ErrQueueBusy)
 	}
 	return jobs, nil
+}
+
+// EnsureQueues creates a row in leash.queues (active, uncapped) for each of names that has none:
+// claims take a queue only through its row (see queueGateSQL). A row another client is
+// inserting meanwhile is waited for, and left as that client wrote it.
+func EnsureQueues(ctx context.Context, db DBTX, names []string) error {
+	if _, err := db.Exec(ctx, `
+		INSERT INTO leash.queues (name) SELECT DISTINCT n FROM unnest($1::text[]) AS u(n)
+		WHERE NOT EXISTS (SELECT FROM leash.queues q WHERE q.name = u.n)
+		ORDER BY n
+		ON CONFLICT (name) DO NOTHING`, names); err != nil {
+		return fmt.Errorf("create the control rows of queues %q in leash.queues: %w", names, err)
+	}
+	return nil
 }
 
 // Claim leases up to p.Limit runnable jobs in one statement, in priority, run_at, id order,

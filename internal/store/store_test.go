@@ -176,7 +176,7 @@ func TestRevokeJob(t *testing.T) {
 	ctx := context.Background()
 	queued, _ := store.Insert(ctx, db, jp(store.InsertParams{Kind: "k"}))
 	running, _ := store.Insert(ctx, db, jp(store.InsertParams{Kind: "k", Queue: "r"}))
-	if _, err := store.Claim(ctx, db, store.ClaimParams{Queues: []string{"r"}, Limit: 1, WorkerID: "w", Lease: time.Minute}); err != nil {
+	if _, err := ensureAndClaim(ctx, db, store.ClaimParams{Queues: []string{"r"}, Limit: 1, WorkerID: "w", Lease: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range []struct {
@@ -200,7 +200,7 @@ func TestRevokeJob(t *testing.T) {
 	if qs != "cancelled" {
 		t.Fatalf("plain update left %s", qs)
 	}
-	if jobs, _ := store.Claim(ctx, db, store.ClaimParams{Queues: []string{"default"}, Limit: 10, WorkerID: "w", Lease: time.Minute}); len(jobs) != 0 {
+	if jobs, _ := ensureAndClaim(ctx, db, store.ClaimParams{Queues: []string{"default"}, Limit: 10, WorkerID: "w", Lease: time.Minute}); len(jobs) != 0 {
 		t.Fatalf("claimed revoked jobs %+v", jobs)
 	}
 }
@@ -237,7 +237,7 @@ func TestRescueOutcomes(t *testing.T) {
 	retry, _ := store.Insert(ctx, db, jp(store.InsertParams{Kind: "k", MaxAttempts: 5}))
 	last, _ := store.Insert(ctx, db, jp(store.InsertParams{Kind: "k", MaxAttempts: 1}))
 	revoked, _ := store.Insert(ctx, db, jp(store.InsertParams{Kind: "k", MaxAttempts: 5}))
-	if _, err := store.Claim(ctx, db, store.ClaimParams{Queues: []string{"default"}, Limit: 3, WorkerID: "w", Lease: time.Minute}); err != nil {
+	if _, err := ensureAndClaim(ctx, db, store.ClaimParams{Queues: []string{"default"}, Limit: 3, WorkerID: "w", Lease: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
 	db.Exec(ctx, `UPDATE leash.jobs SET revoked_at = now() WHERE id = $1`, revoked)
@@ -277,7 +277,7 @@ func TestMultiRowWritesDoNotDeadlock(t *testing.T) {
 		if _, err := store.InsertMany(ctx, db, ps); err != nil {
 			t.Fatal(err)
 		}
-		jobs, err := store.Claim(ctx, db, store.ClaimParams{Queues: []string{fmt.Sprintf("r%d", round)}, Limit: n, WorkerID: "w", Lease: time.Minute})
+		jobs, err := ensureAndClaim(ctx, db, store.ClaimParams{Queues: []string{fmt.Sprintf("r%d", round)}, Limit: n, WorkerID: "w", Lease: time.Minute})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -325,7 +325,7 @@ func TestClaimAfterCursor(t *testing.T) {
 		}
 		ids = append(ids, id)
 	}
-	first, err := store.Claim(ctx, db, store.ClaimParams{Queues: []string{"c"}, Limit: 1, WorkerID: "w", Lease: time.Minute})
+	first, err := ensureAndClaim(ctx, db, store.ClaimParams{Queues: []string{"c"}, Limit: 1, WorkerID: "w", Lease: time.Minute})
 	if err != nil || len(first) != 1 || first[0].ID != ids[0] {
 		t.Fatalf("first claim: %+v, %v", first, err)
 	}
@@ -333,7 +333,7 @@ func TestClaimAfterCursor(t *testing.T) {
 	if _, err := db.Exec(ctx, `UPDATE leash.jobs SET state = 'available', lease_token = NULL, lease_expires_at = NULL WHERE id = $1`, ids[0]); err != nil {
 		t.Fatal(err)
 	}
-	got, err := store.Claim(ctx, db, store.ClaimParams{Queues: []string{"c"}, Limit: 10, WorkerID: "w", Lease: time.Minute,
+	got, err := ensureAndClaim(ctx, db, store.ClaimParams{Queues: []string{"c"}, Limit: 10, WorkerID: "w", Lease: time.Minute,
 		After: store.LastClaimed(first)})
 	if err != nil || len(got) != 3 {
 		t.Fatalf("claim after the cursor: %d jobs, %v; want 3", len(got), err)
@@ -346,7 +346,7 @@ func TestClaimAfterCursor(t *testing.T) {
 	if last := store.LastClaimed(got); last.ID != ids[3] || last.Priority != 1 {
 		t.Fatalf("LastClaimed = %+v; want job %d", last, ids[3])
 	}
-	again, err := store.Claim(ctx, db, store.ClaimParams{Queues: []string{"c"}, Limit: 10, WorkerID: "w", Lease: time.Minute})
+	again, err := ensureAndClaim(ctx, db, store.ClaimParams{Queues: []string{"c"}, Limit: 10, WorkerID: "w", Lease: time.Minute})
 	if err != nil || len(again) != 1 || again[0].ID != ids[0] {
 		t.Fatalf("claim from the front: %+v, %v", again, err)
 	}
@@ -389,7 +389,7 @@ func TestClaimAfterCursorWithLag(t *testing.T) {
 	}
 	params := store.ClaimParams{Queues: []string{"lag"}, Limit: 3, WorkerID: "w", Lease: time.Minute,
 		After: cursor, Lag: 100 * time.Millisecond, RecheckFromID: passedRecently}
-	first, err := store.Claim(ctx, db, params)
+	first, err := ensureAndClaim(ctx, db, params)
 	if err != nil || len(first) != 3 {
 		t.Fatalf("first claim: %d jobs, %v; want 3", len(first), err)
 	}
@@ -402,7 +402,7 @@ func TestClaimAfterCursorWithLag(t *testing.T) {
 			got, lagged, passedRecently, sameAfter)
 	}
 	params.Limit = 10
-	rest, err := store.Claim(ctx, db, params)
+	rest, err := ensureAndClaim(ctx, db, params)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -417,7 +417,7 @@ func TestClaimAfterCursorWithLag(t *testing.T) {
 			t.Fatalf("a claim past the cursor took job %d, which is behind it", id)
 		}
 	}
-	front, err := store.Claim(ctx, db, store.ClaimParams{Queues: []string{"lag"}, Limit: 10, WorkerID: "w", Lease: time.Minute})
+	front, err := ensureAndClaim(ctx, db, store.ClaimParams{Queues: []string{"lag"}, Limit: 10, WorkerID: "w", Lease: time.Minute})
 	if err != nil || len(front) != 3 {
 		t.Fatalf("claim from the front: %d jobs, %v; want the 3 behind the cursor", len(front), err)
 	}
@@ -441,7 +441,7 @@ func TestClaimAfterCursorFindsRowsItPassedLocked(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := store.ClaimParams{Queues: []string{"held"}, Limit: 30, WorkerID: "w", Lease: time.Minute}
-	first, err := store.Claim(ctx, db, p)
+	first, err := ensureAndClaim(ctx, db, p)
 	if err != nil || len(first) != 30 {
 		t.Fatalf("claim from the front: %d jobs, %v", len(first), err)
 	}
@@ -449,7 +449,7 @@ func TestClaimAfterCursorFindsRowsItPassedLocked(t *testing.T) {
 		t.Fatal(err)
 	}
 	p.Limit, p.After, p.Lag, p.RecheckFromID = 100, store.LastClaimed(first), 100*time.Millisecond, 0
-	rest, err := store.Claim(ctx, db, p)
+	rest, err := ensureAndClaim(ctx, db, p)
 	if err != nil || len(rest) != 70 {
 		t.Fatalf("claim past the cursor: %d jobs, %v; want the 70 left, the 20 once locked among them", len(rest), err)
 	}
@@ -474,7 +474,7 @@ func TestClaimAfterCursorSkipsClaimedEntries(t *testing.T) {
 		if last != nil {
 			p.RecheckFromID = last.ID - 100
 		}
-		jobs, err := store.Claim(ctx, db, p)
+		jobs, err := ensureAndClaim(ctx, db, p)
 		if err != nil || len(jobs) != 100 {
 			t.Fatalf("claim: %d jobs, %v", len(jobs), err)
 		}
@@ -533,7 +533,7 @@ func TestClaimReadsInfiniteTimestamps(t *testing.T) {
 		('inf', 'k', '-infinity', 'infinity'), ('inf', 'k', now(), '-infinity'), ('inf', 'k', now(), now())`); err != nil {
 		t.Fatal(err)
 	}
-	jobs, err := store.Claim(ctx, db, store.ClaimParams{Queues: []string{"inf"}, Limit: 10, WorkerID: "w", Lease: time.Minute})
+	jobs, err := ensureAndClaim(ctx, db, store.ClaimParams{Queues: []string{"inf"}, Limit: 10, WorkerID: "w", Lease: time.Minute})
 	if err != nil || len(jobs) != 3 {
 		t.Fatalf("claim: %d jobs, %v; want all 3", len(jobs), err)
 	}
@@ -555,7 +555,7 @@ func TestClaimManyQueuesInOrder(t *testing.T) {
 		SELECT leash.pause_queue('held')`); err != nil {
 		t.Fatal(err)
 	}
-	jobs, err := store.Claim(ctx, db, store.ClaimParams{Queues: []string{"low", "high", "held"}, Limit: 5, WorkerID: "w", Lease: time.Minute})
+	jobs, err := ensureAndClaim(ctx, db, store.ClaimParams{Queues: []string{"low", "high", "held"}, Limit: 5, WorkerID: "w", Lease: time.Minute})
 	if err != nil || len(jobs) != 5 {
 		t.Fatalf("claim: %d jobs, %v", len(jobs), err)
 	}
