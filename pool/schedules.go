@@ -117,14 +117,23 @@ func (c cronSpec) next(t time.Time) time.Time {
 	if c.loc == time.UTC {
 		return c.wall.Next(t.UTC())
 	}
-	// Walk the spec's wall-clock times from a little before t's own (an instant after t reads an
-	// earlier time while the clock repeats an hour), and keep the first instant after t.
+	// Walk the spec's wall-clock times from t's own, and keep the first instant after t. Near a
+	// transition, wall-clock times and instants may be in different orders, within maxShift:
+	// start that much earlier (an instant after t reads an earlier time while the clock repeats
+	// an hour) and look that much further.
+	slack := func(t time.Time) time.Duration {
+		start, end := t.In(c.loc).ZoneBounds()
+		if (!start.IsZero() && t.Sub(start) < maxShift) || (!end.IsZero() && end.Sub(t) < maxShift) {
+			return maxShift
+		}
+		return 0
+	}
 	var best time.Time
-	w := wallClock(t, c.loc).Add(-maxShift)
+	w := wallClock(t, c.loc).Add(-slack(t))
 	horizon := w.AddDate(5, 0, 0) // as far as the parser's own search goes
 	for {
 		w = c.wall.Next(w)
-		if w.IsZero() || w.After(horizon) || (!best.IsZero() && w.After(wallClock(best, c.loc).Add(maxShift))) {
+		if w.IsZero() || w.After(horizon) || (!best.IsZero() && w.After(wallClock(best, c.loc).Add(slack(best)))) {
 			return best
 		}
 		for _, i := range c.instants(w) {
