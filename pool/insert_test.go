@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/leashq/leash/internal/pgtest"
 	"github.com/leashq/leash/pool"
@@ -221,5 +222,55 @@ func TestInsertHostileSearchPath(t *testing.T) {
 		for _, id := range ids {
 			near(fmt.Sprintf("InsertMany, %s, job %d", name, id), lag(id), time.Minute)
 		}
+	}
+}
+
+// On a pool whose sessions default to REPEATABLE READ, an insert that waited for a concurrent
+// transaction inserting the same key gets 40001 from ON CONFLICT once that one commits; the
+// statement was a transaction of its own, so the insert tries again and reports the duplicate.
+func TestInsertWaitsForConcurrentHolderOnRepeatableReadPool(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	setupDB := pgtest.PoolFor(t, url)
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = "repeatable read"
+	db, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ctx := context.Background()
+	holder, err := setupDB.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback(ctx)
+	held, err := pool.InsertTx(ctx, holder, "k", nil, &pool.InsertOpts{UniqueKey: "contended"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		id  int64
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		id, err := pool.Insert(ctx, db, "k", nil, &pool.InsertOpts{UniqueKey: "contended"})
+		done <- result{id, err}
+	}()
+	waitFor(t, 10*time.Second, func() bool {
+		return count(t, setupDB, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%INSERT INTO leash.jobs%'`) == 1
+	})
+	if err := holder.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	var de *pool.DuplicateError
+	if !errors.As(r.err, &de) || de.ID != held || de.NotVisible || r.id != held {
+		t.Fatalf("insert behind a concurrent holder: %d, %v; want a duplicate of %d", r.id, r.err, held)
 	}
 }
