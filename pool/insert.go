@@ -61,18 +61,36 @@ type InsertOpts struct {
 // its unique key; errors.As with *DuplicateError gives that job's id.
 var ErrDuplicate = errors.New("duplicate job")
 
+// ErrDuplicateNotVisible is matched (errors.Is), besides ErrDuplicate, when the job holding the
+// key was committed after the snapshot of the caller's REPEATABLE READ or SERIALIZABLE
+// transaction: nothing was inserted and the transaction stays usable, but the transaction cannot
+// read that job, so DuplicateError.ID is 0. (Under SERIALIZABLE, the transaction may still fail
+// to commit as usual.) InsertMany returns it when any job of the batch meets such a key: then
+// nothing of the batch was inserted.
+var ErrDuplicateNotVisible = store.ErrHolderNotVisible
+
 // DuplicateError says which job holds the unique key an insert asked for.
 type DuplicateError struct {
 	Key string
-	ID  int64 // the job holding the key
+	ID  int64 // the job holding the key; 0 when NotVisible
+	// NotVisible: the job holding the key was committed after the snapshot of the caller's
+	// REPEATABLE READ or SERIALIZABLE transaction, which cannot read it (ErrDuplicateNotVisible).
+	NotVisible bool
 }
 
 func (e *DuplicateError) Error() string {
+	if e.NotVisible {
+		return fmt.Sprintf("duplicate job: unique key %q is held by a job committed after this transaction's snapshot",
+			truncateForError(e.Key))
+	}
 	return fmt.Sprintf("duplicate job: unique key %q is held by job %d", truncateForError(e.Key), e.ID)
 }
 
-// Is makes errors.Is(err, ErrDuplicate) true.
-func (e *DuplicateError) Is(target error) bool { return target == ErrDuplicate }
+// Is makes errors.Is(err, ErrDuplicate) true, and errors.Is(err, ErrDuplicateNotVisible) when
+// NotVisible.
+func (e *DuplicateError) Is(target error) bool {
+	return target == ErrDuplicate || (e.NotVisible && target == ErrDuplicateNotVisible)
+}
 
 // ErrInvalidJob wraps every rejection of a job before it reaches the database.
 var ErrInvalidJob = errors.New("invalid job")
@@ -156,18 +174,22 @@ func Insert(ctx context.Context, db DB, kind string, payload any, opts *InsertOp
 		return 0, err
 	}
 	id, dup, err := store.InsertUnique(ctx, db, p)
-	if err != nil {
+	switch {
+	case dup:
+		return id, &DuplicateError{Key: p.UniqueKey, ID: id, NotVisible: errors.Is(err, store.ErrHolderNotVisible)}
+	case err != nil:
 		return 0, err
-	}
-	if dup {
-		return id, &DuplicateError{Key: p.UniqueKey, ID: id}
 	}
 	return id, nil
 }
 
 // InsertTx enqueues one job inside the caller's transaction: it becomes visible, and wakes
-// workers, only when tx commits. A duplicate (ErrDuplicate) leaves tx usable: nothing failed in
-// the database.
+// workers, only when tx commits. A duplicate (ErrDuplicate) leaves tx usable, under every
+// isolation level: under READ COMMITTED nothing fails in the database; under REPEATABLE READ and
+// SERIALIZABLE a job with a unique key is inserted in a savepoint, since PostgreSQL fails an
+// ON CONFLICT that meets a row committed after the transaction's snapshot; such a duplicate
+// matches ErrDuplicateNotVisible and has no id. A primary-key conflict (the id sequence behind
+// the table, as after a restore) is an error, never a duplicate.
 func InsertTx(ctx context.Context, tx pgx.Tx, kind string, payload any, opts *InsertOpts) (int64, error) {
 	return Insert(ctx, tx, kind, payload, opts)
 }
@@ -186,10 +208,13 @@ type CopyDB interface {
 }
 
 // InsertMany enqueues many jobs with one COPY and returns how many it inserted. Workers are woken
-// once per queue, however many rows. Nothing is inserted if any job is invalid. When any job has
-// a UniqueKey, a COPY cannot be used (it cannot skip conflicts, and one duplicate would fail the
-// whole batch): the jobs go in one INSERT ... ON CONFLICT DO NOTHING instead, duplicates (of
-// existing jobs or of an earlier job in the same call) are skipped, and the count excludes them.
+// once per queue, however many rows. Nothing is inserted if any job is invalid, and an error
+// always means that nothing of the batch was inserted. When any job has a UniqueKey, a COPY
+// cannot be used (it cannot skip conflicts, and one duplicate would fail the whole batch): the
+// jobs go in one INSERT ... ON CONFLICT (unique_key) DO NOTHING instead, duplicates (of existing
+// jobs or of an earlier job in the same call) are skipped, and the count excludes them; in a
+// REPEATABLE READ or SERIALIZABLE transaction, a key held by a job committed after the snapshot
+// fails the batch with ErrDuplicateNotVisible instead, leaving the transaction usable.
 func InsertMany(ctx context.Context, db CopyDB, jobs []InsertManyParams) (int64, error) {
 	ps := make([]store.InsertParams, len(jobs))
 	for i, j := range jobs {

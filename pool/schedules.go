@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -22,14 +23,21 @@ import (
 // schedules; whichever first sees a tick due enqueues its job (run_at = the tick) in one
 // transaction with advancing the schedule, so each tick is enqueued exactly once, with no leader,
 // through restarts of every worker. Ticks missed while no worker ran (or while workers were
-// late) are enqueued as one job, for the first missed tick, not as a burst.
+// late) are enqueued as one job, for the first missed tick, not as a burst; and no tick is
+// enqueued while the job of the schedule's previous tick has not started (available or
+// retryable, in the schedule's queue and of its kind: the queue paused or capped, no worker
+// serving it, a retry waiting out its backoff): that job, when it starts, stands for every tick
+// due meanwhile. A job that has started does not hold the next tick back.
 type Schedule struct {
 	// Name identifies the schedule (1 to 128 characters).
 	Name string
 	// Spec says when it fires: a 5-field cron expression (minute hour day-of-month month
 	// day-of-week), in UTC unless it starts with CRON_TZ=<IANA zone>; a descriptor (@yearly,
 	// @monthly, @weekly, @daily, @hourly); or @every <duration> (Go syntax, at least 100ms),
-	// whose ticks stay on a fixed grid from the first one.
+	// whose ticks stay on a fixed grid from the first one. Across a daylight saving change, a
+	// time in the repeated hour fires once (at its first occurrence) and a time in the skipped
+	// hour fires at the transition, except in specs whose hour field is every hour (*, @hourly),
+	// which follow the real clock.
 	Spec string
 	// Kind, Payload, Queue, Priority, MaxAttempts and Timeout are those of each job it enqueues,
 	// as in Insert.
@@ -76,9 +84,110 @@ type tickSpec interface {
 	next(t time.Time) time.Time
 }
 
-type cronSpec struct{ s cron.Schedule }
+// cronSpec computes the ticks of a cron spec on the wall clock of its zone (UTC without
+// CRON_TZ). Where the zone's clock changes (daylight saving time), as cron does: a wall-clock time
+// that occurs twice (the hour repeated when clocks go back) fires once, at its first occurrence;
+// a time that does not occur (the hour skipped when clocks go forward) fires at the transition
+// (02:30 in Europe/Paris fires at 03:00 CEST on the day clocks go forward), once however many
+// times of the spec the skipped hour held. So a daily job runs once on both days. A spec whose
+// hour field is every hour (`*`, as in @hourly) follows the real clock instead: it fires in both
+// passes of a repeated hour, and a skipped hour holds none of its times.
+type cronSpec struct {
+	wall      *cron.SpecSchedule // the spec on a clock without transitions (UTC)
+	loc       *time.Location
+	everyHour bool
+}
 
-func (c cronSpec) next(t time.Time) time.Time { return c.s.Next(t.UTC()) }
+func newCronSpec(s *cron.SpecSchedule) cronSpec {
+	loc := s.Location
+	if loc == time.Local { // no CRON_TZ
+		loc = time.UTC
+	}
+	wall := *s
+	wall.Location = time.UTC
+	const allHours = 1<<24 - 1
+	return cronSpec{wall: &wall, loc: loc, everyHour: s.Hour&allHours == allHours}
+}
+
+// maxShift bounds how far a zone's clock moves at a transition (two hours in tzdata's daylight
+// saving rules): wall-clock times further apart than this are in the same order as instants.
+const maxShift = 3 * time.Hour
+
+func (c cronSpec) next(t time.Time) time.Time {
+	if c.loc == time.UTC {
+		return c.wall.Next(t.UTC())
+	}
+	// Walk the spec's wall-clock times from t's own, and keep the first instant after t. Near a
+	// transition, wall-clock times and instants may be in different orders, within maxShift:
+	// start that much earlier (an instant after t reads an earlier time while the clock repeats
+	// an hour) and look that much further.
+	slack := func(t time.Time) time.Duration {
+		start, end := t.In(c.loc).ZoneBounds()
+		if (!start.IsZero() && t.Sub(start) < maxShift) || (!end.IsZero() && end.Sub(t) < maxShift) {
+			return maxShift
+		}
+		return 0
+	}
+	var best time.Time
+	w := wallClock(t, c.loc).Add(-slack(t))
+	horizon := w.AddDate(5, 0, 0) // as far as the parser's own search goes
+	for {
+		w = c.wall.Next(w)
+		if w.IsZero() || w.After(horizon) || (!best.IsZero() && w.After(wallClock(best, c.loc).Add(slack(best)))) {
+			return best
+		}
+		for _, i := range c.instants(w) {
+			if i.After(t) && (best.IsZero() || i.Before(best)) {
+				best = i
+			}
+		}
+	}
+}
+
+// instants returns when the spec's wall-clock time w fires: the instant whose clock in c.loc
+// reads w; in a repeated hour, the first of the two (both when everyHour); in a skipped hour, the
+// transition (none when everyHour).
+func (c cronSpec) instants(w time.Time) []time.Time {
+	g := time.Date(w.Year(), w.Month(), w.Day(), w.Hour(), w.Minute(), w.Second(), 0, c.loc)
+	start, end := g.ZoneBounds()
+	// w read with each offset in force around g: the zone before g's, g's own, the one after.
+	var offsets []time.Time
+	if !start.IsZero() {
+		offsets = append(offsets, start.Add(-time.Second))
+	}
+	offsets = append(offsets, g)
+	if !end.IsZero() {
+		offsets = append(offsets, end)
+	}
+	var out []time.Time
+	for _, at := range offsets {
+		_, off := at.Zone()
+		i := time.Unix(w.Unix()-int64(off), 0)
+		if wallClock(i, c.loc).Equal(w) && !slices.ContainsFunc(out, i.Equal) {
+			out = append(out, i)
+		}
+	}
+	slices.SortFunc(out, time.Time.Compare)
+	switch {
+	case c.everyHour:
+		return out
+	case len(out) > 0:
+		return out[:1]
+	}
+	// Skipped: the transition is where the clock jumps over w.
+	for _, x := range []time.Time{start, end} {
+		if !x.IsZero() && wallClock(x.Add(-time.Second), c.loc).Before(w) && wallClock(x, c.loc).After(w) {
+			return []time.Time{x}
+		}
+	}
+	return nil
+}
+
+// wallClock is what a clock in loc reads at t, as a time in UTC (a clock without transitions).
+func wallClock(t time.Time, loc *time.Location) time.Time {
+	l := t.In(loc)
+	return time.Date(l.Year(), l.Month(), l.Day(), l.Hour(), l.Minute(), l.Second(), l.Nanosecond(), time.UTC)
+}
 
 type everySpec struct{ d time.Duration }
 
@@ -118,7 +227,11 @@ func parseSpec(spec string) (tickSpec, error) {
 	if err != nil {
 		return nil, fmt.Errorf("spec %q: %w", spec, err)
 	}
-	t := cronSpec{cs}
+	ss, ok := cs.(*cron.SpecSchedule)
+	if !ok {
+		return nil, fmt.Errorf("spec %q: not a cron expression", spec)
+	}
+	t := newCronSpec(ss)
 	if t.next(time.Now()).IsZero() {
 		return nil, fmt.Errorf("spec %q never fires", spec)
 	}
@@ -276,7 +389,7 @@ func (p *Pool) runSchedules(ctx context.Context) {
 			wait = 0
 		default:
 			sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			in, ok, err := store.NextScheduleIn(sctx, p.control())
+			in, ok, err := store.NextScheduleIn(sctx, p.control(), wait)
 			cancel()
 			if err == nil && ok {
 				wait = min(wait, in)
@@ -329,7 +442,7 @@ func (p *Pool) scheduleOnce(ctx context.Context, specs *specCache) (more bool, e
 				p.log.ErrorContext(ctx, "schedule refused; it stays stopped until its spec changes",
 					slog.String("schedule", safeName(row.Name)), slog.String("err", store.CleanText(t.Err, 512)))
 			}
-			id, err := store.ApplyTick(sctx, tx, row, t)
+			id, folded, err := store.ApplyTick(sctx, tx, row, t)
 			if err != nil {
 				if sctx.Err() != nil {
 					return err
@@ -343,6 +456,10 @@ func (p *Pool) scheduleOnce(ctx context.Context, specs *specCache) (more bool, e
 					return err
 				}
 				continue
+			}
+			if folded {
+				p.log.DebugContext(ctx, "schedule tick folded into its previous job, which has not started",
+					slog.String("schedule", safeName(row.Name)), slog.Int64("job_id", *row.LastJobID), slog.Time("tick", *row.NextRunAt))
 			}
 			if id != 0 {
 				enqueued++

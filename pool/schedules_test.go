@@ -203,3 +203,55 @@ func TestHostileScheduleRows(t *testing.T) {
 		}
 	}
 }
+
+// A schedule enqueues no tick while the job of its previous tick has not started: the ticks due
+// while its queue is paused fold into that one job, which runs once on resume; a job that has
+// started does not hold the next tick back, but that next one, waiting for the only slot, does.
+func TestScheduleTicksFoldWhileTheirJobWaits(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	ctx := context.Background()
+	if _, err := pool.PauseQueue(ctx, db, "fold"); err != nil {
+		t.Fatal(err)
+	}
+	cfg := scheduleConfig(pool.Schedule{Name: "fold", Spec: "@every 100ms", Kind: "fold", Queue: "fold"})
+	cfg.Queues, cfg.Concurrency = []string{"fold"}, 1
+	started, release := make(chan int64, 100), make(chan struct{})
+	p, _ := setup(t, db, cfg, map[string]pool.Handler{"fold": pool.HandlerFunc(func(ctx context.Context, j *pool.Job) error {
+		started <- j.ID
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return nil
+	})})
+	start(t, p)
+	defer close(release)
+	jobs := func() int64 { return count(t, db, `SELECT count(*) FROM leash.jobs WHERE kind = 'fold'`) }
+	// ticksSince counts the schedule's ticks since a time (SQL on the job of id $1).
+	ticksSince := func(since string, id int64) int64 {
+		return count(t, db, `SELECT coalesce((SELECT floor(extract(epoch FROM s.next_run_at - `+since+`) * 10)::bigint
+			FROM leash.schedules s, leash.jobs j WHERE s.name = 'fold' AND j.id = $1), 0)`, id)
+	}
+	var first int64
+	waitFor(t, 20*time.Second, func() bool {
+		first = count(t, db, `SELECT coalesce(min(id), 0) FROM leash.jobs WHERE kind = 'fold'`)
+		return first != 0 && ticksSince("j.run_at", first) >= 10
+	})
+	if n := jobs(); n != 1 {
+		t.Fatalf("%d jobs after 10 ticks of a paused queue; want 1", n)
+	}
+	if _, err := pool.ResumeQueue(ctx, db, "fold"); err != nil {
+		t.Fatal(err)
+	}
+	if id := <-started; id != first { // the first job runs and holds the only slot
+		t.Fatalf("job %d started; want %d", id, first)
+	}
+	waitFor(t, 20*time.Second, func() bool { return ticksSince("j.attempted_at", first) >= 10 })
+	if n := jobs(); n != 2 {
+		t.Fatalf("%d jobs after 10 ticks behind a running job; want 2 (it and one waiting)", n)
+	}
+	if n := count(t, db, `SELECT count(*) FROM leash.jobs WHERE kind = 'fold' AND state = 'running'`); n != 1 {
+		t.Fatalf("%d jobs running; want 1", n)
+	}
+}

@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // InsertParams describes one job to enqueue, with every default already filled by the caller.
@@ -30,31 +33,71 @@ type InsertParams struct {
 
 func (p *InsertParams) scheduled() bool { return !p.RunAt.IsZero() || p.Delay > 0 }
 
-// insertSQL adds one job unless its unique key is taken: by an unfinished job (the partial unique
-// index, through ON CONFLICT DO NOTHING) or by a job finished less than $10 ms ago. It returns
-// no row when the key is taken.
-const insertSQL = `
-	INSERT INTO leash.jobs (queue, kind, payload, priority, max_attempts, run_at, timeout, unique_key, trace_context)
-	SELECT $1, $2, coalesce($3::jsonb, '{}'), $4,
-	       $5, coalesce($6, now() + $7 * interval '1 millisecond'),
-	       nullif($8, 0) * interval '1 millisecond', nullif($9, ''), $11::jsonb
-	WHERE $10::bigint <= 0 OR NOT EXISTS (
-		SELECT FROM leash.jobs f
-		WHERE f.unique_key = $9 AND f.state IN ('completed', 'failed', 'cancelled')
-		  AND f.finished_at > now() - $10 * interval '1 millisecond')
-	ON CONFLICT DO NOTHING
+// The statements of this file run on the application's own connections, often in its own
+// transactions, so that nothing the session sets may change what they mean: every function and
+// every operator on text and timestamps is named in pg_catalog (a search_path of
+// "public, pg_catalog" would otherwise pick a public.now() or a public.= first; OPERATOR(...)
+// binds like any other operator, hence the parentheses around arithmetic). Durations and absent
+// values come as typed parameters (an interval, NULL) rather than as arithmetic on numbers.
+
+// onKeyConflict is the conflict target of every unique insert: the partial unique index
+// jobs_unique_key_idx, whose predicate it repeats. A held key inserts nothing; any other conflict,
+// such as a primary key taken because the id sequence is behind the table, is an error.
+const onKeyConflict = `
+	ON CONFLICT (unique_key)
+		WHERE unique_key IS NOT NULL AND state OPERATOR(pg_catalog.=) ANY (ARRAY['available', 'retryable', 'running'])
+		DO NOTHING`
+
+// insertPlainSQL adds one job without a unique key.
+const insertPlainSQL = `
+	INSERT INTO leash.jobs (queue, kind, payload, priority, max_attempts, run_at, timeout, trace_context)
+	VALUES ($1, $2, coalesce($3::jsonb, '{}'), $4, $5,
+	        coalesce($6, pg_catalog.now() OPERATOR(pg_catalog.+) $7::interval), $8::interval, $9::jsonb)
 	RETURNING id`
 
-// existingSQL finds the job that holds a unique key: the unfinished one, else the one finished
-// last within $2 ms.
+// insertSQL adds one job unless its unique key $9 is taken: by an unfinished job (the partial
+// unique index) or, when $10 is not NULL, by a job finished less than $10 ago. It returns no row
+// when the key is taken.
+const insertSQL = `
+	INSERT INTO leash.jobs (queue, kind, payload, priority, max_attempts, run_at, timeout, unique_key, trace_context)
+	SELECT $1, $2, coalesce($3::jsonb, '{}'), $4, $5,
+	       coalesce($6, pg_catalog.now() OPERATOR(pg_catalog.+) $7::interval), $8::interval, $9, $11::jsonb
+	WHERE $10::interval IS NULL OR NOT EXISTS (
+		SELECT FROM leash.jobs f
+		WHERE f.unique_key OPERATOR(pg_catalog.=) $9
+		  AND f.state OPERATOR(pg_catalog.=) ANY (ARRAY['completed', 'failed', 'cancelled'])
+		  AND f.finished_at OPERATOR(pg_catalog.>) (pg_catalog.now() OPERATOR(pg_catalog.-) $10::interval))` +
+	onKeyConflict + `
+	RETURNING id`
+
+// existingSQL finds the job that holds a unique key: the unfinished one, else (when $2 is not
+// NULL) the one finished last less than $2 ago.
 const existingSQL = `
-	(SELECT id FROM leash.jobs WHERE unique_key = $1 AND state IN ('available', 'retryable', 'running'))
+	(SELECT id FROM leash.jobs
+	 WHERE unique_key OPERATOR(pg_catalog.=) $1
+	   AND state OPERATOR(pg_catalog.=) ANY (ARRAY['available', 'retryable', 'running']))
 	UNION ALL
 	(SELECT id FROM leash.jobs
-	 WHERE $2::bigint > 0 AND unique_key = $1 AND state IN ('completed', 'failed', 'cancelled')
-	   AND finished_at > now() - $2 * interval '1 millisecond'
+	 WHERE $2::interval IS NOT NULL AND unique_key OPERATOR(pg_catalog.=) $1
+	   AND state OPERATOR(pg_catalog.=) ANY (ARRAY['completed', 'failed', 'cancelled'])
+	   AND finished_at OPERATOR(pg_catalog.>) (pg_catalog.now() OPERATOR(pg_catalog.-) $2::interval)
 	 ORDER BY finished_at DESC LIMIT 1)
 	LIMIT 1`
+
+// ErrHolderNotVisible is returned, with duplicate set, by an insert whose unique key is held by a
+// job committed after the snapshot of db's REPEATABLE READ or SERIALIZABLE transaction: nothing
+// was inserted, the transaction stays usable, but it cannot read that job.
+var ErrHolderNotVisible = errors.New("the job holding the unique key was committed after this transaction's snapshot")
+
+// interval is d as a PostgreSQL interval, to the millisecond (as the columns keep it).
+func interval(d time.Duration) pgtype.Interval {
+	return pgtype.Interval{Microseconds: d.Milliseconds() * 1000, Valid: true}
+}
+
+// nullInterval is d as an interval, NULL when under a millisecond.
+func nullInterval(d time.Duration) pgtype.Interval {
+	return pgtype.Interval{Microseconds: d.Milliseconds() * 1000, Valid: d >= time.Millisecond}
+}
 
 // Insert adds one job and returns its id. With a unique key that another job holds, it inserts
 // nothing and returns an error: use InsertUnique for such jobs.
@@ -67,40 +110,50 @@ func Insert(ctx context.Context, db DBTX, p InsertParams) (int64, error) {
 }
 
 // InsertUnique adds one job and returns its id. With a unique key that another job holds, it
-// inserts nothing and returns that job's id with duplicate set.
+// inserts nothing and returns that job's id with duplicate set; or, when that job was committed
+// after the snapshot of db's REPEATABLE READ or SERIALIZABLE transaction, id 0 with duplicate set
+// and ErrHolderNotVisible. Either way db's transaction stays usable: in such a transaction the
+// insert runs in a savepoint (ON CONFLICT raises a serialization failure, 40001, when the row it
+// conflicts with is not in the snapshot), which a READ COMMITTED transaction does not need.
 func InsertUnique(ctx context.Context, db DBTX, p InsertParams) (id int64, duplicate bool, err error) {
 	var runAt *time.Time
 	if !p.RunAt.IsZero() {
 		runAt = &p.RunAt
 	}
 	if p.UniqueKey == "" {
-		err = db.QueryRow(ctx, `
-			INSERT INTO leash.jobs (queue, kind, payload, priority, max_attempts, run_at, timeout, trace_context)
-			VALUES ($1, $2, coalesce($3::jsonb, '{}'), $4,
-			        $5, coalesce($6, now() + $7 * interval '1 millisecond'),
-			        nullif($8, 0) * interval '1 millisecond', $9::jsonb)
-			RETURNING id`,
-			p.Queue, p.Kind, nullJSON(p.Payload), p.Priority, p.MaxAttempts, runAt, millis(p.Delay), millis(p.Timeout),
+		err = db.QueryRow(ctx, insertPlainSQL,
+			p.Queue, p.Kind, nullJSON(p.Payload), p.Priority, p.MaxAttempts, runAt, interval(p.Delay), nullInterval(p.Timeout),
 			nullJSON(p.TraceContext),
 		).Scan(&id)
 		if err != nil {
-			return 0, false, fmt.Errorf("insert job: %w", err)
+			return 0, false, explainInsertError("insert job", err)
 		}
 		return id, false, nil
 	}
+	snapshot, err := snapshotTx(ctx, db)
+	if err != nil {
+		return 0, false, fmt.Errorf("insert job: %w", err)
+	}
+	args := []any{p.Queue, p.Kind, nullJSON(p.Payload), p.Priority, p.MaxAttempts, runAt, interval(p.Delay),
+		nullInterval(p.Timeout), p.UniqueKey, nullInterval(p.UniqueWithin), nullJSON(p.TraceContext)}
 	// The holder of a key can finish between the insert and the lookup: then try again.
 	for range 5 {
-		err = db.QueryRow(ctx, insertSQL,
-			p.Queue, p.Kind, nullJSON(p.Payload), p.Priority, p.MaxAttempts, runAt, millis(p.Delay), millis(p.Timeout),
-			p.UniqueKey, millis(p.UniqueWithin), nullJSON(p.TraceContext),
-		).Scan(&id)
-		if err == nil {
+		if snapshot {
+			err = inSavepoint(ctx, db, func() error { return db.QueryRow(ctx, insertSQL, args...).Scan(&id) })
+		} else {
+			err = db.QueryRow(ctx, insertSQL, args...).Scan(&id)
+		}
+		switch {
+		case err == nil:
 			return id, false, nil
+		case heldAfterSnapshot(err) && snapshot:
+			return 0, true, fmt.Errorf("insert job: unique key %q: %w", p.UniqueKey, ErrHolderNotVisible)
+		case heldAfterSnapshot(err):
+			continue // a statement of its own (default_transaction_isolation): the next one sees the holder
+		case !errors.Is(err, pgx.ErrNoRows):
+			return 0, false, explainInsertError("insert job", err)
 		}
-		if !errors.Is(err, pgx.ErrNoRows) {
-			return 0, false, fmt.Errorf("insert job: %w", err)
-		}
-		err = db.QueryRow(ctx, existingSQL, p.UniqueKey, millis(p.UniqueWithin)).Scan(&id)
+		err = db.QueryRow(ctx, existingSQL, p.UniqueKey, nullInterval(p.UniqueWithin)).Scan(&id)
 		if err == nil {
 			return id, true, nil
 		}
@@ -111,38 +164,108 @@ func InsertUnique(ctx context.Context, db DBTX, p InsertParams) (id int64, dupli
 	return 0, false, fmt.Errorf("insert job: unique key %q was taken and freed five times in a row", p.UniqueKey)
 }
 
+// explainInsertError wraps an insert's error; a taken primary key gets its cause and its cure.
+// Ids come from the column's identity sequence, so one is taken only when the sequence is behind
+// the table's ids: after a restore of the table without its sequence, or a failover to a logical
+// replica (logical replication does not carry sequences).
+func explainInsertError(what string, err error) error {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code == "23505" && pe.ConstraintName == "jobs_pkey" {
+		return fmt.Errorf("%s: the job id the sequence gave is taken: the sequence of leash.jobs.id is behind the "+
+			"table's ids (after a restore or a failover?); move it past them with "+
+			"SELECT setval(pg_get_serial_sequence('leash.jobs', 'id'), max(id)) FROM leash.jobs: %w", what, err)
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
+
+// heldAfterSnapshot reports the error ON CONFLICT raises under REPEATABLE READ and SERIALIZABLE
+// when the row that holds the key was committed after the transaction's snapshot ("could not
+// serialize access due to concurrent update"). The serialization failures of SERIALIZABLE's own
+// conflict tracking carry a "Reason code" detail: those are errors like any other.
+func heldAfterSnapshot(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "40001" && !strings.HasPrefix(pe.Detail, "Reason code")
+}
+
+// snapshotTx reports whether db is in a transaction that reads from one snapshot (REPEATABLE READ
+// or SERIALIZABLE). A pool, or a connection outside a transaction, runs each statement on its own.
+func snapshotTx(ctx context.Context, db DBTX) (bool, error) {
+	switch d := db.(type) {
+	case *pgxpool.Pool:
+		return false, nil
+	case *pgx.Conn:
+		if d.PgConn().TxStatus() == 'I' {
+			return false, nil
+		}
+	case interface{ Conn() *pgx.Conn }: // pgx.Tx, *pgxpool.Conn
+		if d.Conn().PgConn().TxStatus() == 'I' {
+			return false, nil
+		}
+	}
+	var iso string
+	if err := db.QueryRow(ctx, `SELECT pg_catalog.current_setting('transaction_isolation')`).Scan(&iso); err != nil {
+		return false, fmt.Errorf("read the transaction's isolation level: %w", err)
+	}
+	return iso == "repeatable read" || iso == "serializable", nil
+}
+
+// inSavepoint runs f in a savepoint of db's transaction: when f fails, the savepoint is rolled back
+// and the transaction goes on. (db may be a connection on which the application began the
+// transaction itself, so this does not use pgx's nested transactions.)
+func inSavepoint(ctx context.Context, db DBTX, f func() error) error {
+	if _, err := db.Exec(ctx, `SAVEPOINT leash_insert`); err != nil {
+		return err
+	}
+	if err := f(); err != nil {
+		if _, rerr := db.Exec(ctx, `ROLLBACK TO SAVEPOINT leash_insert; RELEASE SAVEPOINT leash_insert`); rerr != nil {
+			return fmt.Errorf("%w (then rolling back to its savepoint failed too: %v)", err, rerr)
+		}
+		return err
+	}
+	_, err := db.Exec(ctx, `RELEASE SAVEPOINT leash_insert`)
+	return err
+}
+
 // insertManyUniqueSQL adds many jobs in one statement, skipping each whose unique key is taken
 // (including by an earlier row of the same statement). COPY cannot skip conflicts.
 const insertManyUniqueSQL = `
 	INSERT INTO leash.jobs (queue, kind, payload, priority, max_attempts, run_at, timeout, unique_key, trace_context)
 	SELECT r.queue, r.kind, r.payload::jsonb, r.priority, r.max_attempts,
-	       coalesce(r.run_at, now() + r.delay_ms * interval '1 millisecond'),
-	       nullif(r.timeout_ms, 0) * interval '1 millisecond', nullif(r.unique_key, ''), r.trace_context::jsonb
-	FROM unnest($1::text[], $2::text[], $3::text[], $4::smallint[], $5::int[], $6::timestamptz[], $7::bigint[],
-	            $8::bigint[], $9::text[], $10::bigint[], $11::text[])
-	     AS r(queue, kind, payload, priority, max_attempts, run_at, delay_ms, timeout_ms, unique_key, within_ms, trace_context)
-	WHERE r.within_ms <= 0 OR r.unique_key = '' OR NOT EXISTS (
+	       coalesce(r.run_at, pg_catalog.now() OPERATOR(pg_catalog.+) r.delay), r.timeout, r.unique_key,
+	       r.trace_context::jsonb
+	FROM ROWS FROM (pg_catalog.unnest($1::text[]), pg_catalog.unnest($2::text[]), pg_catalog.unnest($3::text[]),
+	                pg_catalog.unnest($4::smallint[]), pg_catalog.unnest($5::int[]), pg_catalog.unnest($6::timestamptz[]),
+	                pg_catalog.unnest($7::interval[]), pg_catalog.unnest($8::interval[]), pg_catalog.unnest($9::text[]),
+	                pg_catalog.unnest($10::interval[]), pg_catalog.unnest($11::text[]))
+	     AS r(queue, kind, payload, priority, max_attempts, run_at, delay, timeout, unique_key, within, trace_context)
+	WHERE r.within IS NULL OR NOT EXISTS (
 		SELECT FROM leash.jobs f
-		WHERE f.unique_key = r.unique_key AND f.state IN ('completed', 'failed', 'cancelled')
-		  AND f.finished_at > now() - r.within_ms * interval '1 millisecond')
-	ON CONFLICT DO NOTHING`
+		WHERE f.unique_key OPERATOR(pg_catalog.=) r.unique_key
+		  AND f.state OPERATOR(pg_catalog.=) ANY (ARRAY['completed', 'failed', 'cancelled'])
+		  AND f.finished_at OPERATOR(pg_catalog.>) (pg_catalog.now() OPERATOR(pg_catalog.-) r.within))` +
+	onKeyConflict
 
 // insertManyUnique adds jobs of which some have unique keys, in one statement; it returns how
-// many it inserted (the others were duplicates).
+// many it inserted (the others were duplicates). The statement is all or nothing; in a REPEATABLE
+// READ or SERIALIZABLE transaction it runs in a savepoint, and a key held by a job committed after
+// the snapshot fails it with ErrHolderNotVisible, leaving the transaction usable.
 func insertManyUnique(ctx context.Context, db DBTX, ps []InsertParams) (int64, error) {
 	n := len(ps)
-	queues, kinds, payloads, keys := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	queues, kinds, payloads := make([]string, n), make([]string, n), make([]string, n)
+	keys, traces := make([]*string, n), make([]*string, n)
 	prios, attempts := make([]int16, n), make([]int32, n)
 	runAts := make([]*time.Time, n)
-	delays, timeouts, withins := make([]int64, n), make([]int64, n), make([]int64, n)
-	traces := make([]*string, n)
+	delays, timeouts, withins := make([]pgtype.Interval, n), make([]pgtype.Interval, n), make([]pgtype.Interval, n)
 	for i := range ps {
 		p := &ps[i]
 		if p.TraceContext != nil {
 			tc := string(p.TraceContext)
 			traces[i] = &tc
 		}
-		queues[i], kinds[i], keys[i] = p.Queue, p.Kind, p.UniqueKey
+		if p.UniqueKey != "" {
+			keys[i] = &p.UniqueKey
+		}
+		queues[i], kinds[i] = p.Queue, p.Kind
 		payloads[i] = "{}"
 		if p.Payload != nil {
 			payloads[i] = string(p.Payload)
@@ -151,13 +274,31 @@ func insertManyUnique(ctx context.Context, db DBTX, ps []InsertParams) (int64, e
 		if !p.RunAt.IsZero() {
 			runAts[i] = &p.RunAt
 		}
-		delays[i], timeouts[i], withins[i] = millis(p.Delay), millis(p.Timeout), millis(p.UniqueWithin)
+		delays[i], timeouts[i], withins[i] = interval(p.Delay), nullInterval(p.Timeout), nullInterval(p.UniqueWithin)
 	}
-	tag, err := db.Exec(ctx, insertManyUniqueSQL, queues, kinds, payloads, prios, attempts, runAts, delays, timeouts, keys, withins, traces)
+	snapshot, err := snapshotTx(ctx, db)
 	if err != nil {
-		return 0, fmt.Errorf("insert jobs with unique keys: %w", err)
+		return 0, fmt.Errorf("insert jobs with unique keys: nothing was inserted: %w", err)
 	}
-	return tag.RowsAffected(), nil
+	var inserted int64
+	insert := func() error {
+		tag, err := db.Exec(ctx, insertManyUniqueSQL, queues, kinds, payloads, prios, attempts, runAts, delays, timeouts,
+			keys, withins, traces)
+		inserted = tag.RowsAffected()
+		return err
+	}
+	if snapshot {
+		err = inSavepoint(ctx, db, insert)
+	} else {
+		err = insert()
+	}
+	if heldAfterSnapshot(err) && snapshot {
+		return 0, fmt.Errorf("insert jobs with unique keys: nothing was inserted: %w; the transaction stays usable", ErrHolderNotVisible)
+	}
+	if err != nil {
+		return 0, explainInsertError("insert jobs with unique keys: nothing was inserted", err)
+	}
+	return inserted, nil
 }
 
 func nullJSON(b []byte) any {
@@ -174,10 +315,10 @@ type CopyDB interface {
 }
 
 // InsertMany adds jobs with one COPY, which fires the job_available trigger once. Jobs with
-// unique keys go in one INSERT ... ON CONFLICT DO NOTHING instead, which skips duplicates and
-// counts only the jobs it inserted. When any job is
-// scheduled, all run_at values are computed from the database clock read once in the same
-// transaction.
+// unique keys go in one INSERT ... ON CONFLICT (unique_key) DO NOTHING instead, which skips
+// duplicates and counts only the jobs it inserted. When any job is scheduled, all run_at values
+// are computed from the database clock read once in the same transaction. Either way the batch
+// is all or nothing: an error means nothing was inserted.
 func InsertMany(ctx context.Context, db CopyDB, ps []InsertParams) (int64, error) {
 	if len(ps) == 0 {
 		return 0, nil
@@ -223,14 +364,14 @@ func InsertMany(ctx context.Context, db CopyDB, ps []InsertParams) (int64, error
 			return row(&ps[i]), nil
 		}))
 		if err != nil {
-			return 0, fmt.Errorf("copy jobs: %w", err)
+			return 0, explainInsertError("copy jobs: nothing was inserted", err)
 		}
 		return n, nil
 	}
 	var n int64
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		var now time.Time
-		if err := tx.QueryRow(ctx, "SELECT now()").Scan(&now); err != nil {
+		if err := tx.QueryRow(ctx, "SELECT pg_catalog.now()").Scan(&now); err != nil {
 			return fmt.Errorf("read database clock: %w", err)
 		}
 		var err error
@@ -243,9 +384,12 @@ func InsertMany(ctx context.Context, db CopyDB, ps []InsertParams) (int64, error
 			return append(row(p), runAt), nil
 		}))
 		if err != nil {
-			return fmt.Errorf("copy jobs: %w", err)
+			return explainInsertError("copy jobs: nothing was inserted", err)
 		}
 		return nil
 	})
-	return n, err
+	if err != nil {
+		return 0, err
+	}
+	return n, nil
 }

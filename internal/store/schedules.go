@@ -167,11 +167,17 @@ func DueSchedules(ctx context.Context, tx pgx.Tx, limit int) ([]ScheduleRow, tim
 
 // ApplyTick carries out t for the locked schedule s in tx, in a savepoint, so that one schedule
 // that fails leaves the others of the transaction alone: with Err, the error is recorded and the
-// schedule stopped; else the due tick's job is enqueued (run_at = the tick) when Enqueue is set,
-// and the schedule moves on to Next. It returns the id of the job enqueued (0: none).
-func ApplyTick(ctx context.Context, tx pgx.Tx, s ScheduleRow, t Tick) (int64, error) {
-	var id int64
-	err := pgx.BeginFunc(ctx, tx, func(sp pgx.Tx) error {
+// schedule stopped; else, when Enqueue is set, the due tick's job is enqueued (run_at = the
+// tick), and the schedule moves on to Next. It returns the id of the job enqueued (0: none).
+//
+// A tick is folded into the job of the schedule's previous tick (last_job_id) while that job has
+// not started: still available or retryable, with the schedule's queue and kind (its queue paused
+// or capped, no worker serving it, a retry waiting out its backoff). Then no job is enqueued and
+// folded is set: that job, once it starts, stands for every tick due meanwhile, as one job stands
+// for the ticks missed while no worker ran. It reads last_job_id, which every release that runs
+// schedules writes with each tick's job.
+func ApplyTick(ctx context.Context, tx pgx.Tx, s ScheduleRow, t Tick) (id int64, folded bool, err error) {
+	err = pgx.BeginFunc(ctx, tx, func(sp pgx.Tx) error {
 		switch {
 		case t.Err != "":
 			_, err := sp.Exec(ctx, `UPDATE leash.schedules SET next_run_at = 'infinity', last_error = $2 WHERE name = $1`,
@@ -181,22 +187,31 @@ func ApplyTick(ctx context.Context, tx pgx.Tx, s ScheduleRow, t Tick) (int64, er
 			_, err := sp.Exec(ctx, `UPDATE leash.schedules SET next_run_at = $2 WHERE name = $1`, s.Name, t.Next)
 			return err
 		}
-		if err := sp.QueryRow(ctx, `
+		err := sp.QueryRow(ctx, `
 			INSERT INTO leash.jobs (queue, kind, payload, priority, max_attempts, run_at, timeout)
-			VALUES ($1, $2, $3, $4, $5, $6, nullif($7, 0) * interval '1 millisecond')
-			RETURNING id`, s.Queue, s.Kind, s.Payload, s.Priority, s.MaxAttempts, *s.NextRunAt, millis(s.Timeout),
-		).Scan(&id); err != nil {
+			SELECT $1, $2, $3::jsonb, $4, $5, $6, $7::interval
+			WHERE NOT EXISTS (
+				SELECT FROM leash.jobs w
+				WHERE w.id = $8 AND w.state IN ('available', 'retryable') AND w.queue = $1 AND w.kind = $2)
+			RETURNING id`, s.Queue, s.Kind, s.Payload, s.Priority, s.MaxAttempts, *s.NextRunAt, nullInterval(s.Timeout), s.LastJobID,
+		).Scan(&id)
+		if errors.Is(err, pgx.ErrNoRows) {
+			folded = true
+			_, err = sp.Exec(ctx, `UPDATE leash.schedules SET next_run_at = $2, last_error = NULL WHERE name = $1`, s.Name, t.Next)
 			return err
 		}
-		_, err := sp.Exec(ctx, `
+		if err != nil {
+			return err
+		}
+		_, err = sp.Exec(ctx, `
 			UPDATE leash.schedules SET next_run_at = $2, last_run_at = $3, last_job_id = $4, last_error = NULL
 			WHERE name = $1`, s.Name, t.Next, *s.NextRunAt, id)
 		return err
 	})
 	if err != nil {
-		return 0, fmt.Errorf("schedule %q: %w", s.Name, err)
+		return 0, false, fmt.Errorf("schedule %q: %w", s.Name, err)
 	}
-	return id, nil
+	return id, folded, nil
 }
 
 // SkipTick moves a schedule whose tick could not be enqueued on to next, recording why; if even
@@ -222,20 +237,24 @@ func SkipTick(ctx context.Context, tx pgx.Tx, name string, next time.Time, why s
 	return nil
 }
 
-// NextScheduleIn returns how long until the earliest armed schedule is due (database clock), or
-// false when none is armed.
-func NextScheduleIn(ctx context.Context, db DBTX) (time.Duration, bool, error) {
+// NextScheduleIn returns how long until the earliest armed schedule is due (database clock), at
+// most limit, or false when none is armed ('infinity': stopped). next_run_at may hold anything
+// SQL can write: a date past 2262 (9999-12-31, how Never reads) is further off than a
+// time.Duration reaches, so the wait is bounded in SQL, before it becomes a number.
+func NextScheduleIn(ctx context.Context, db DBTX, limit time.Duration) (time.Duration, bool, error) {
+	limit = max(limit, 0)
 	var ms *int64
 	err := db.QueryRow(ctx, `
 		SELECT CASE WHEN bool_or(next_run_at IS NULL) THEN 0
-		            ELSE floor(extract(epoch FROM min(next_run_at) - now()) * 1000)::bigint END
+		            WHEN min(next_run_at) IS NOT NULL THEN ceil(extract(epoch FROM
+		                 greatest(least(min(next_run_at), now() + $1::interval), now()) - now()) * 1000)::bigint END
 		FROM leash.schedules
-		WHERE next_run_at IS NULL OR next_run_at < 'infinity'`).Scan(&ms)
+		WHERE next_run_at IS NULL OR next_run_at < 'infinity'`, interval(limit)).Scan(&ms)
 	if errors.Is(err, pgx.ErrNoRows) || (err == nil && ms == nil) {
 		return 0, false, nil
 	}
 	if err != nil {
 		return 0, false, fmt.Errorf("read next schedule: %w", err)
 	}
-	return max(time.Duration(*ms)*time.Millisecond, 0), true, nil
+	return time.Duration(min(max(*ms, 0), limit.Milliseconds())) * time.Millisecond, true, nil
 }
