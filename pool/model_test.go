@@ -1357,7 +1357,9 @@ type mledger struct {
 
 var modelMarkerRE = regexp.MustCompile(`mk(\d+)t(\d+)\|`)
 
-const modelRevokedNote = "revoked: handler returned success after the revocation reached it"
+// modelRevokedNote ends the entry of a claim whose handler returned success after its revocation
+// reached it; the entry begins with the revocation ("job revoked", perhaps with its reason).
+const modelRevokedNote = " (the handler returned success after the revocation reached it)"
 
 func modelIsCause(err, target error) bool { return err != nil && errors.Is(err, target) }
 
@@ -1558,7 +1560,13 @@ func (m *model) checkJob(mj *mjob, r mrow, effects []mledger) {
 		if strings.Contains(en.text, "could not be stored") {
 			v("errors entry #%d lost its details: %s", i+1, modelClip(en.text, 120))
 		}
-		if en.text == modelRevokedNote {
+		// 9 (cont.): each cause is said once ("revoked: job revoked: ..." said it twice).
+		for _, c := range []string{"job revoked", "renewal timed out", "job timed out"} {
+			if strings.Count(en.text, c) > 1 {
+				v("errors entry #%d says %q more than once: %s", i+1, c, modelClip(en.text, 120))
+			}
+		}
+		if strings.HasPrefix(en.text, "job revoked") && strings.HasSuffix(en.text, modelRevokedNote) {
 			continue
 		}
 		mk := modelMarkerRE.FindStringSubmatch(en.text)

@@ -29,7 +29,7 @@ type ScheduleRow struct {
 }
 
 const scheduleColumns = `name, spec, kind, payload, queue, priority, max_attempts,
-	`+timeoutMillisSQL+`, next_run_at, last_run_at, last_job_id, last_error,
+	` + timeoutMillisSQL + `, next_run_at, last_run_at, last_job_id, last_error,
 	created_at, updated_at`
 
 // scanSchedule reads a row written by anyone: every timestamp goes through pgtype, which holds
