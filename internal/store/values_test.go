@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -389,5 +390,43 @@ func TestHugeHistoriesDoNotFailWrites(t *testing.T) {
 	ws, err := store.Finish(ctx, db, outs)
 	if err != nil || len(ws) != 3 {
 		t.Fatalf("outcomes beside a huge history: %v, %v", ws, err)
+	}
+}
+
+// The minute rollup skips the pickup of rows whose run_at or created_at is infinite, and reads one
+// from a run_at at the earliest timestamp as the longest Duration: subtracting infinity failed
+// the statement, and with it every minute's row.
+func TestSampleMinutesBesideInfiniteTimestamps(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	insertStatsRows(t, db, []statsRow{
+		{"completed", "infinity", "2026-03-01T09:10:00Z", "2026-03-01T09:10:00.1Z", "2026-03-01T09:10:01Z"},
+		{"completed", "2026-03-01T09:10:00Z", "-infinity", "2026-03-01T09:10:00.1Z", "2026-03-01T09:10:01Z"},
+		{"completed", "4714-11-24T00:00:00Z", "4714-11-24T00:00:00Z", "2026-03-01T09:20:00.1Z", "2026-03-01T09:20:01Z"},
+	})
+	// created_at '4714-11-24T00:00:00Z' above is year 4714 AD; the earliest timestamp is BC.
+	if _, err := db.Exec(ctx, `UPDATE leash.jobs SET created_at = '4714-11-24 00:00:00+00 BC', run_at = '4714-11-24 00:00:00+00 BC'
+		WHERE attempted_at = '2026-03-01T09:20:00.1Z'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.SampleMinutes(ctx, db, store.SampleParams{Now: ts("2026-03-01T10:00:07Z")}); err != nil {
+		t.Fatalf("sample minutes beside infinite timestamps: %v", err)
+	}
+	got, err := store.ReadMinuteStats(ctx, db, store.ReadStatsParams{Now: ts("2026-03-01T10:00:30Z")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range got {
+		switch m.Minute.Format("15:04") {
+		case "09:10":
+			if m.Completed != 2 || m.Started != 2 || m.PickupP50 != nil {
+				t.Fatalf("09:10: %+v, want 2 completed and started, no pickup", m)
+			}
+		case "09:20":
+			if m.PickupP50 == nil || *m.PickupP50 != time.Duration(math.MaxInt64) {
+				t.Fatalf("09:20: pickup %v, want the longest Duration", m.PickupP50)
+			}
+		}
 	}
 }
