@@ -576,10 +576,17 @@ func (p *Pool) claimFrontBeside(ctx context.Context, queue string, limit int) er
 	return nil
 }
 
-// startAll counts and starts the jobs one claim returned.
+// startAll counts and starts the jobs one claim returned; rows it set aside are counted and
+// logged, never run.
 func (p *Pool) startAll(jobs []store.ClaimedJob, sentAt time.Time) {
-	p.metrics.Claimed.Add(int64(len(jobs)))
 	for i := range jobs {
+		if jobs[i].SetAside {
+			p.metrics.SetAside.Add(1)
+			p.log.Warn("job cannot be claimed; failed it instead of running it", slog.Int64("job_id", jobs[i].ID),
+				slog.String("queue", jobs[i].Queue), slog.String("kind", jobs[i].Kind), slog.Int("attempt", int(jobs[i].Attempt)))
+			continue
+		}
+		p.metrics.Claimed.Add(1)
 		p.start(&jobs[i], sentAt)
 	}
 }

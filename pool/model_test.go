@@ -6,7 +6,8 @@ package pool_test
 // interleaving of inserts (single, in a transaction, rolled back, InsertMany), scripted handler
 // endings, revocations by every path (revoke_job, UPDATE revoked_at, bare NOTIFY, JSON NOTIFY
 // with the token), forged, duplicated, stale and garbage notifications, listener kills, forced
-// lease expiry (with and without an immediate rescue), and pool shutdowns with replacements.
+// lease expiry (with and without an immediate rescue), pool shutdowns with replacements, and
+// hostile rows other SQL clients write (model_hostile_test.go).
 // What every handler did is recorded in memory (start, token, attempt, ending, the lease's cause
 // when it ended and at return) and effects written through the fence go to a ledger table. After
 // the chaos the pools drain everything, stop, and the final rows, the errors histories, the
@@ -288,6 +289,7 @@ type model struct {
 	jobRng  *rand.Rand    // jobs and their scripts
 	poolRng *rand.Rand    // pools' configurations
 	tgtRng  *rand.Rand    // targets and details of operations
+	hostRng *rand.Rand    // hostile rows other clients write (model_hostile_test.go)
 	drv     *pgxpool.Pool // the driver's connections
 	app     *pgxpool.Pool // the pools' and handlers' connections
 	skew    time.Duration // database clock minus ours
@@ -297,6 +299,7 @@ type model struct {
 	jobs    []*mjob
 	byID    map[int64]*mjob
 	started map[[2]int64]bool
+	hostile map[int64]*mhostile // by id
 
 	pools    []*mpool
 	nextPool int
@@ -316,7 +319,7 @@ func newModel(t *testing.T, seed int64) *model {
 	url := pgtest.URL(t)
 	stream := func(n uint64) *rand.Rand { return rand.New(rand.NewPCG(uint64(seed), 0x1ea5+n)) }
 	m := &model{t: t, seed: seed, replay: modelReplayHint(seed), rng: stream(0), jobRng: stream(1), poolRng: stream(2),
-		tgtRng: stream(3), drv: pgtest.PoolFor(t, url),
+		tgtRng: stream(3), hostRng: stream(4), drv: pgtest.PoolFor(t, url), hostile: map[int64]*mhostile{},
 		byID: map[int64]*mjob{}, started: map[[2]int64]bool{}, ops: map[string]int{}, violJobs: map[int]bool{}}
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
@@ -334,6 +337,7 @@ func newModel(t *testing.T, seed int64) *model {
 		job_id bigint NOT NULL, token bigint NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())`); err != nil {
 		m.fatalf("create ledger: %v", err)
 	}
+	m.addOldRows(ctx)
 	best := time.Hour
 	for range 5 {
 		before := time.Now()
@@ -416,6 +420,9 @@ func (m *model) startPool() *mpool {
 	if err := p.Register(modelKind, pool.HandlerFunc(func(ctx context.Context, j *pool.Job) error {
 		return m.handle(ctx, j, mp)
 	})); err != nil {
+		m.fatalf("register: %v", err)
+	}
+	if err := p.Register(modelHostileKind, pool.HandlerFunc(m.handleHostile)); err != nil {
 		m.fatalf("register: %v", err)
 	}
 	m.pools = append(m.pools, mp)
@@ -760,6 +767,8 @@ func (m *model) step(ctx context.Context) {
 		m.opForceExpiry(ctx)
 	case w < 86:
 		m.opShutdown()
+	case w < 90:
+		m.opHostile(ctx) // its own stream: the draws above replay as before
 	}
 }
 
@@ -1357,7 +1366,9 @@ type mledger struct {
 
 var modelMarkerRE = regexp.MustCompile(`mk(\d+)t(\d+)\|`)
 
-const modelRevokedNote = "revoked: handler returned success after the revocation reached it"
+// modelRevokedNote ends the entry of a claim whose handler returned success after its revocation
+// reached it; the entry begins with the revocation ("job revoked", perhaps with its reason).
+const modelRevokedNote = " (the handler returned success after the revocation reached it)"
 
 func modelIsCause(err, target error) bool { return err != nil && errors.Is(err, target) }
 
@@ -1388,7 +1399,7 @@ func modelClip(s string, n int) string {
 
 func (m *model) loadRows(ctx context.Context) []mrow {
 	rows, err := m.drv.Query(ctx, `SELECT id, (payload->>'k')::int, state, attempt, max_attempts, lease_token,
-		revoked_at, finished_at, last_error, errors::text FROM leash.jobs ORDER BY id`)
+		revoked_at, finished_at, last_error, errors::text FROM leash.jobs WHERE kind = $1 ORDER BY id`, modelKind)
 	if err != nil {
 		m.fatalf("read jobs: %v", err)
 	}
@@ -1480,6 +1491,7 @@ func (m *model) check() {
 	for id := range effects {
 		m.violate(nil, "ledger has effects for job %d, which has no row", id)
 	}
+	m.checkHostile(ctx)
 }
 
 // checkJob checks one job. The rules, with what each relies on:
@@ -1558,7 +1570,13 @@ func (m *model) checkJob(mj *mjob, r mrow, effects []mledger) {
 		if strings.Contains(en.text, "could not be stored") {
 			v("errors entry #%d lost its details: %s", i+1, modelClip(en.text, 120))
 		}
-		if en.text == modelRevokedNote {
+		// 9 (cont.): each cause is said once ("revoked: job revoked: ..." said it twice).
+		for _, c := range []string{"job revoked", "renewal timed out", "job timed out"} {
+			if strings.Count(en.text, c) > 1 {
+				v("errors entry #%d says %q more than once: %s", i+1, c, modelClip(en.text, 120))
+			}
+		}
+		if strings.HasPrefix(en.text, "job revoked") && strings.HasSuffix(en.text, modelRevokedNote) {
 			continue
 		}
 		mk := modelMarkerRE.FindStringSubmatch(en.text)

@@ -1,8 +1,10 @@
 package pool
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/leashq/leash/internal/store"
@@ -28,8 +30,9 @@ type revocation struct {
 func (e *revocation) Error() string        { return "job revoked: " + e.reason }
 func (e *revocation) Is(target error) bool { return target == lease.ErrRevoked }
 
-// defaultRevokeReason is recorded for a revocation that arrived without a reason.
-const defaultRevokeReason = "revoked by NOTIFY job_revoked"
+// defaultRevokeReason is recorded for a revocation that arrived without a reason. It says how
+// the job was revoked, not that it was: the stored error reads "job revoked: " and the reason.
+const defaultRevokeReason = "by NOTIFY job_revoked"
 
 // ending is how an attempt ended, as the worker saw it.
 type ending struct {
@@ -76,9 +79,11 @@ func decide(id, token int64, worker string, e ending) (out store.Outcome, write 
 		}
 		out.State, out.Revoke = store.StateCancelled, &reason
 		if ae == nil {
-			ae = &store.AttemptError{Attempt: int32(e.attempt), Error: "handler returned success after the revocation reached it", Worker: worker}
+			ae = &store.AttemptError{Attempt: int32(e.attempt), Worker: worker,
+				Error: e.cause.Error() + " (the handler returned success after the revocation reached it)"}
+		} else {
+			ae.Error = endedBy(e.cause, e.err)
 		}
-		ae.Error = "revoked: " + ae.Error
 		out.Error = ae
 		return out, true
 	}
@@ -101,11 +106,11 @@ func decide(id, token int64, worker string, e ending) (out store.Outcome, write 
 		out.State, out.Error, out.ReturnAttempt = store.StateAvailable, nil, true
 		return out, true
 	case errors.Is(e.cause, ErrTimeout):
-		ae.Error = e.cause.Error() + ": " + ae.Error
+		ae.Error = endedBy(e.cause, e.err)
 		out.State, out.RunIn = store.StateRetryable, e.backoff(e.attempt)
 	case errors.Is(e.cause, lease.ErrRenewalTimeout):
 		// Still fenced: written only if nobody took the job meanwhile.
-		ae.Error = "lease renewal timed out: " + ae.Error
+		ae.Error = endedBy(e.cause, e.err)
 		out.State = store.StateRetryable
 	case IsPermanent(e.err):
 		out.State = store.StateFailed
@@ -118,4 +123,18 @@ func decide(id, token int64, worker string, e ending) (out store.Outcome, write 
 		out.State, out.RunIn = store.StateFailed, 0
 	}
 	return out, true
+}
+
+// endedBy is the stored error of an attempt that a lease cause ended and whose handler returned
+// err: the cause, said once, then what the handler added. A handler that returns
+// context.Cause(ctx), wraps it, or returns a bare context error adds nothing.
+func endedBy(cause, err error) string {
+	c, msg := cause.Error(), err.Error()
+	switch {
+	case strings.Contains(msg, c):
+		return msg
+	case msg == context.Canceled.Error() || msg == context.DeadlineExceeded.Error():
+		return c
+	}
+	return c + ": " + msg
 }

@@ -47,6 +47,9 @@ type Metrics struct {
 	// Revocations by how they arrived.
 	RevokedByNotification atomic.Int64
 	RevokedByRenewal      atomic.Int64
+	// SetAside counts rows a claim failed instead of leasing, because they cannot be claimed (an
+	// attempt counter at the largest integer, which only an SQL client writes).
+	SetAside atomic.Int64
 }
 
 func (m *Metrics) count(state string) {

@@ -283,7 +283,7 @@ func TestDemo(t *testing.T) {
 		t.Fatalf("demo: %v\n%s", err, out)
 	}
 	for _, want := range []string{"Starting a private PostgreSQL", "NOTIFY job_revoked", "cancelled by its worker in",
-		"Summary", "flaky  completed  6", "cancelled (revoked by NOTIFY job_revoked)", "Private PostgreSQL stopped and removed."} {
+		"Summary", "flaky  completed  6", "cancelled (by NOTIFY job_revoked)", "Private PostgreSQL stopped and removed."} {
 		if !strings.Contains(out, want) {
 			t.Errorf("demo output lacks %q:\n%s", want, out)
 		}

@@ -90,6 +90,7 @@ func RegisterPool(reg prometheus.Registerer, p *pool.Pool, db store.DBTX) {
 		counter("leash_jobs_rescued_total", "Expired leases this worker took back.", m.Lease.Rescued.Load),
 		counter("leash_handler_panics_total", "Handler panics recovered.", m.Panics.Load),
 		counter("leash_jobs_timed_out_total", "Attempts cancelled by their timeout.", m.TimedOut.Load),
+		counter("leash_jobs_set_aside_total", "Queued rows a claim failed instead of running, because no claim can take them (an attempt counter at its limit).", m.SetAside.Load),
 		counter("leash_jobs_abandoned_total", "Jobs left to their lease at shutdown because the handler ignored cancellation.", m.Abandoned.Load),
 		counter("leash_listener_backends_terminated_total", "Stranded LISTEN backends of earlier listener connections terminated.", m.Notify.Terminated.Load),
 		counter("leash_jobs_pruned_total", "Finished jobs deleted by retention.", m.Pruned.Load),

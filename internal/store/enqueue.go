@@ -351,7 +351,7 @@ func InsertMany(ctx context.Context, db CopyDB, ps []InsertParams) (int64, error
 		}
 		r := []any{p.Queue, p.Kind, string(payload), p.Priority, p.MaxAttempts}
 		if timeouts {
-			r = append(r, pgtype.Interval{Microseconds: p.Timeout.Microseconds(), Valid: p.Timeout > 0})
+			r = append(r, pgtype.Interval{Microseconds: millis(p.Timeout) * 1000, Valid: p.Timeout > 0})
 		}
 		if traces {
 			r = append(r, nullJSON(p.TraceContext))

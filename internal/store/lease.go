@@ -93,6 +93,11 @@ type ClaimedJob struct {
 	// twice MaxTraceContextBytes as jsonb text (anything else any SQL client wrote reads as nil,
 	// never as an error).
 	TraceContext []byte
+	// SetAside: the row could not be leased (its attempt counter is at the largest integer,
+	// which only an SQL client writes) and the claim failed it instead, with an error naming
+	// why. It holds no lease (Token is 0) and must not run; it still counts as a position in
+	// the queue's claim order.
+	SetAside bool
 }
 
 // MaxTraceContextBytes bounds the trace_context a claim reads back: a W3C traceparent is 55
@@ -112,19 +117,53 @@ const claimTraceContextBytes = 2 * MaxTraceContextBytes
 // table, measured, and more with every claim).
 // A row another transaction updated between the statement's snapshot and the pick's lock is
 // locked but not leased, and stays in the queue for the next claim.
+// A picked row that cannot be leased (its attempt counter has no room for one more claim, see
+// claimableSQL) is set aside instead: failed, with an error naming why, and returned with
+// SetAside, so that one row written by any SQL client never makes the claim fail for the others.
 const claimTail = `
 	UPDATE leash.jobs j
-	SET state = 'running', attempt = j.attempt + 1, lease_token = nextval('leash.lease_tokens'),
-	    leased_by = $3, lease_expires_at = now() + $4 * interval '1 millisecond',
-	    heartbeat_at = now(), attempted_at = now()
+	SET state = CASE WHEN ` + claimableSQL + ` THEN 'running' ELSE 'failed' END,
+	    attempt = CASE WHEN ` + claimableSQL + ` THEN j.attempt + 1 ELSE j.attempt END,
+	    lease_token = CASE WHEN ` + claimableSQL + ` THEN nextval('leash.lease_tokens') END,
+	    leased_by = CASE WHEN ` + claimableSQL + ` THEN $3 END,
+	    lease_expires_at = CASE WHEN ` + claimableSQL + ` THEN now() + $4 * interval '1 millisecond' END,
+	    heartbeat_at = CASE WHEN ` + claimableSQL + ` THEN now() ELSE j.heartbeat_at END,
+	    attempted_at = CASE WHEN ` + claimableSQL + ` THEN now() ELSE j.attempted_at END,
+	    -- Set aside:
+	    finished_at = CASE WHEN ` + claimableSQL + ` THEN j.finished_at ELSE now() END,
+	    last_error = CASE WHEN ` + claimableSQL + ` THEN j.last_error ELSE ` + setAsideErrorSQL + ` END,
+	    errors = CASE WHEN ` + claimableSQL + ` THEN j.errors ELSE ` + errorsHistorySQL + ` || jsonb_build_array(
+	        jsonb_build_object('at', now(), 'attempt', j.attempt, 'error', ` + setAsideErrorSQL + `)) END
 	FROM picked
 	WHERE j.ctid = picked.ctid AND j.id = picked.id
-	RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.attempt, j.max_attempts, j.lease_token,
-	          j.created_at, j.run_at, j.attempted_at,
-	          coalesce(ceil(extract(epoch FROM j.timeout) * 1000)::bigint, 0),
+	RETURNING ` + claimReturning
+
+// claimReturning is what a claim returns of each row (%d: claimTraceContextBytes); a row set
+// aside (failed) has no lease token.
+const claimReturning = `j.id, j.queue, j.kind, j.payload, j.priority, j.attempt, j.max_attempts, coalesce(j.lease_token, 0),
+	          j.created_at, j.run_at, j.attempted_at, ` + timeoutMillisSQL + `,
 	          CASE WHEN jsonb_typeof(j.trace_context) = 'object'
 	                AND octet_length(j.trace_context::text) <= %d
-	               THEN j.trace_context::text END`
+	               THEN j.trace_context::text END,
+	          j.state = 'failed'`
+
+// claimableSQL says whether a picked row can be leased: its attempt counter has room for one
+// more claim. The table refuses a queued row at the largest integer (sql/013); rows older than
+// that check may hold it, and the claim sets them aside.
+const claimableSQL = `j.attempt < 2147483647`
+
+// setAsideErrorSQL is the error a set-aside row is failed with.
+const setAsideErrorSQL = `'not claimed: its attempt counter (' || j.attempt || ') has no room for another claim'`
+
+// timeoutMillisSQL reads j.timeout as whole milliseconds (rounded up; 0 when NULL) in the
+// arithmetic of the table's check, interval comparison: a month is 30 days and a day 24 hours,
+// whatever the interval mixes. extract(epoch ...) alone counts a year as 365.25 days, which let
+// an interval the check sees as one day ('-1 year 361 days') read as minus 102 hours: no limit.
+// Every row the check let in reads between 1 ms and 100 days; the bounds hold regardless.
+const timeoutMillisSQL = `CASE WHEN j.timeout IS NULL THEN 0 ELSE greatest(1, least(8640000000, ceil(
+	              (extract(year FROM j.timeout) * 360 + extract(month FROM j.timeout) * 30 + extract(day FROM j.timeout)) * 86400000
+	              + extract(hour FROM j.timeout) * 3600000 + extract(minute FROM j.timeout) * 60000
+	              + extract(microseconds FROM j.timeout) / 1000)))::bigint END`
 
 const claimSQL = `
 	WITH picked AS (
@@ -321,7 +360,13 @@ func claimQuery(p ClaimParams) (string, []any) {
 	if len(p.Queues) == 1 {
 		q, queues = claimOneQueueSQL, p.Queues[0]
 		if a := p.After; a != nil {
-			return claimOneQueueAfterSQL, []any{queues, p.Limit, p.WorkerID, millis(p.Lease), a.Priority, a.RunAt, a.ID, a.RunAt.Add(-p.Lag), p.RecheckFromID}
+			// The lag never reaches before the earliest timestamp PostgreSQL holds, which a job's
+			// run_at may be (any SQL client writes it): the claim would fail on the parameter.
+			from := a.RunAt.Add(-p.Lag)
+			if from.Before(minTimestamp) {
+				from = minTimestamp
+			}
+			return claimOneQueueAfterSQL, []any{queues, p.Limit, p.WorkerID, millis(p.Lease), a.Priority, a.RunAt, a.ID, from, p.RecheckFromID}
 		}
 	}
 	return q, []any{queues, p.Limit, p.WorkerID, millis(p.Lease)}
@@ -338,7 +383,7 @@ func scanClaimed(rows pgx.Rows, limit int) ([]ClaimedJob, error) {
 		// time.Time cannot hold: they are read through pgtype.
 		var created, runAt, attempted pgtype.Timestamptz
 		if err := rows.Scan(&j.ID, &j.Queue, &j.Kind, &j.Payload, &j.Priority, &j.Attempt, &j.MaxAttempts,
-			&j.Token, &created, &runAt, &attempted, &timeoutMS, &j.TraceContext); err != nil {
+			&j.Token, &created, &runAt, &attempted, &timeoutMS, &j.TraceContext, &j.SetAside); err != nil {
 			return nil, fmt.Errorf("claim jobs: %w", err)
 		}
 		j.CreatedAt, j.RunAt, j.AttemptedAt = finiteTime(created), finiteTime(runAt), finiteTime(attempted)
@@ -350,6 +395,9 @@ func scanClaimed(rows pgx.Rows, limit int) ([]ClaimedJob, error) {
 	}
 	return jobs, nil
 }
+
+// minTimestamp is the earliest finite timestamptz: 4714-11-24 00:00:00 UTC BC.
+var minTimestamp = time.Date(-4713, time.November, 24, 0, 0, 0, 0, time.UTC)
 
 // finiteTime reads a timestamptz as a time.Time: -infinity (and NULL) as the zero time, infinity
 // as Never.
@@ -498,7 +546,7 @@ func Rescue(ctx context.Context, db DBTX, limit int) ([]Rescued, error) {
 		    finished_at = CASE WHEN j.revoked_at IS NOT NULL OR j.attempt >= j.max_attempts THEN now() END,
 		    run_at = now(),
 		    last_error = 'lease expired: worker ' || coalesce(e.leased_by, '?') || ' stopped renewing',
-		    errors = j.errors || jsonb_build_array(jsonb_build_object(
+		    errors = `+errorsHistorySQL+` || jsonb_build_array(jsonb_build_object(
 		        'at', now(), 'attempt', j.attempt, 'worker', e.leased_by, 'token', e.lease_token,
 		        'error', 'lease expired: worker ' || coalesce(e.leased_by, '?') || ' stopped renewing')),
 		    lease_token = NULL, leased_by = NULL, lease_expires_at = NULL

@@ -145,7 +145,7 @@ const finishSQL = `
 		    attempt = CASE WHEN u.give_back THEN greatest(j.attempt - 1, 0) ELSE j.attempt END,
 		    run_at = CASE WHEN u.state IN ('available', 'retryable') THEN now() + u.delay_ms * interval '1 millisecond' ELSE j.run_at END,
 		    finished_at = CASE WHEN u.state IN ('completed', 'failed', 'cancelled') THEN now() END,
-		    errors = CASE WHEN u.err IS NULL THEN j.errors ELSE j.errors || jsonb_build_array(jsonb_build_object('at', now()) || u.err) END,
+		    errors = CASE WHEN u.err IS NULL THEN j.errors ELSE ` + errorsHistorySQL + ` || jsonb_build_array(jsonb_build_object('at', now()) || u.err) END,
 		    last_error = coalesce(u.err->>'error', j.last_error),
 		    revoked_at = CASE WHEN u.revoke IS NOT NULL THEN coalesce(j.revoked_at, now()) ELSE j.revoked_at END,
 		    revoke_reason = CASE WHEN u.revoke IS NOT NULL AND j.revoked_at IS NULL THEN u.revoke ELSE j.revoke_reason END,
@@ -155,6 +155,20 @@ const finishSQL = `
 		WHERE j.id = u.id
 		RETURNING j.id, j.state,
 		    CASE WHEN j.state IN ('available', 'retryable') AND j.run_at <= now() THEN leash.notify_available(j.queue) END`
+
+// errorsHistorySQL is j.errors, the history an entry is appended to (history || [entry]), unless
+// its stored size passes 1 MiB: then a note of the entries dropped replaces it. Any SQL
+// client may write the column, and jsonb refuses an array past 256 MiB: appending to such a
+// history failed the statement, and with it every outcome of its batch or every lease of a
+// rescue. The bound is on the stored (perhaps compressed) size, which costs nothing to read; at
+// most 255 times smaller than the history itself, it keeps every history that is kept under the
+// limit. leash's own entries are bounded (MaxErrorBytes, MaxStackBytes), so only histories of
+// thousands of attempts, or a client's, are ever dropped.
+const errorsHistorySQL = `CASE WHEN pg_column_size(j.errors) <= ` + maxHistoryBytesSQL + ` THEN j.errors
+		        ELSE jsonb_build_array(jsonb_build_object('at', now(), 'error',
+		            'earlier errors dropped: the history took ' || pg_column_size(j.errors) || ' bytes')) END`
+
+const maxHistoryBytesSQL = "1048576"
 
 // invalidOutput stands in for an output that is not valid JSON: the outcome is written, with a
 // note of why the output is not.

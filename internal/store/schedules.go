@@ -29,7 +29,7 @@ type ScheduleRow struct {
 }
 
 const scheduleColumns = `name, spec, kind, payload, queue, priority, max_attempts,
-	coalesce(ceil(extract(epoch FROM timeout) * 1000)::bigint, 0), next_run_at, last_run_at, last_job_id, last_error,
+	` + timeoutMillisSQL + `, next_run_at, last_run_at, last_job_id, last_error,
 	created_at, updated_at`
 
 // scanSchedule reads a row written by anyone: every timestamp goes through pgtype, which holds
@@ -104,7 +104,7 @@ func RemoveSchedule(ctx context.Context, db DBTX, name string) (bool, error) {
 
 // ListSchedules returns every schedule by name.
 func ListSchedules(ctx context.Context, db DBTX) ([]ScheduleRow, error) {
-	rows, err := db.Query(ctx, `SELECT `+scheduleColumns+` FROM leash.schedules ORDER BY name`)
+	rows, err := db.Query(ctx, `SELECT `+scheduleColumns+` FROM leash.schedules j ORDER BY name`)
 	if err != nil {
 		return nil, fmt.Errorf("list schedules: %w", err)
 	}
@@ -142,7 +142,7 @@ func DueSchedules(ctx context.Context, tx pgx.Tx, limit int) ([]ScheduleRow, tim
 		return nil, now, fmt.Errorf("read due schedules: %w", err)
 	}
 	rows, err := tx.Query(ctx, `
-		SELECT `+scheduleColumns+` FROM leash.schedules
+		SELECT `+scheduleColumns+` FROM leash.schedules j
 		WHERE next_run_at IS NULL OR next_run_at <= now()
 		ORDER BY next_run_at NULLS FIRST
 		LIMIT $1

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -143,8 +144,11 @@ const sampleMinutesSQL = `
 		WHERE state = 'running' AND attempted_at >= $2 AND attempted_at < $3 AND run_at <= attempted_at
 	), pick AS (
 		SELECT date_trunc('minute', attempted_at) AS m, count(*) AS started,
+		       -- Rows with an infinite run_at or created_at (any SQL client may write them) have no
+		       -- pickup: subtracting infinity fails the statement, and with it every minute's row.
 		       percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP (ORDER BY
-		           greatest(extract(epoch FROM attempted_at - greatest(run_at, created_at)), 0) * 1000) AS p
+		           CASE WHEN isfinite(run_at) AND isfinite(created_at)
+		                THEN greatest(extract(epoch FROM attempted_at - greatest(run_at, created_at)), 0) * 1000 END) AS p
 		FROM att GROUP BY 1
 	)
 	INSERT INTO leash.minute_stats (minute, completed, failed, cancelled, started, pickup_p50_ms, pickup_p99_ms,
@@ -222,6 +226,10 @@ func msDuration(ms *float64) *time.Duration {
 	if ms == nil {
 		return nil
 	}
-	d := time.Duration(*ms * float64(time.Millisecond))
+	// A pickup from a run_at thousands of years back is longer than a Duration holds.
+	d := time.Duration(math.MaxInt64)
+	if *ms < float64(math.MaxInt64/int64(time.Millisecond)) {
+		d = time.Duration(*ms * float64(time.Millisecond))
+	}
 	return &d
 }

@@ -33,4 +33,13 @@ const (
 	StateCancelled = "cancelled"
 )
 
-func millis(d time.Duration) int64 { return d.Milliseconds() }
+// millis is d in whole milliseconds, the unit every statement takes durations in, rounded up: a
+// positive duration never becomes 0, which the statements read as none (no delay, no timeout, no
+// window: UniqueFinishedWithin of 500µs turned the check off, Snooze(500µs) woke at once).
+func millis(d time.Duration) int64 {
+	ms := d / time.Millisecond
+	if d%time.Millisecond > 0 {
+		ms++
+	}
+	return int64(ms)
+}
