@@ -101,6 +101,7 @@ func TestRevokedByNotifyStoredOnce(t *testing.T) {
 	blk := newBlocker()
 	p, b := setup(t, db, slowHeartbeat(), map[string]pool.Handler{"block": blk})
 	start(t, p)
+	waitFor(t, 10*time.Second, p.ListenerConnected)
 	id := insert(t, db, "block", nil, nil)
 	blk.next(t)
 	mustExec(t, db, fmt.Sprintf("NOTIFY job_revoked, '%d'", id))

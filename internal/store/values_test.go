@@ -68,20 +68,20 @@ func TestClaimSetsAsideRowsItCannotLease(t *testing.T) {
 		claim func(queue string) ([]store.ClaimedJob, error)
 	}{
 		{"one queue", func(q string) ([]store.ClaimedJob, error) {
-			return store.Claim(ctx, db, store.ClaimParams{Queues: []string{q}, Limit: 10, WorkerID: "w", Lease: time.Minute})
+			return ensureAndClaim(ctx, db, store.ClaimParams{Queues: []string{q}, Limit: 10, WorkerID: "w", Lease: time.Minute})
 		}},
 		{"many queues", func(q string) ([]store.ClaimedJob, error) {
-			return store.Claim(ctx, db, store.ClaimParams{Queues: []string{q, "other"}, Limit: 10, WorkerID: "w", Lease: time.Minute})
+			return ensureAndClaim(ctx, db, store.ClaimParams{Queues: []string{q, "other"}, Limit: 10, WorkerID: "w", Lease: time.Minute})
 		}},
 		{"past a cursor", func(q string) ([]store.ClaimedJob, error) {
-			return store.Claim(ctx, db, store.ClaimParams{Queues: []string{q}, Limit: 10, WorkerID: "w", Lease: time.Minute,
+			return ensureAndClaim(ctx, db, store.ClaimParams{Queues: []string{q}, Limit: 10, WorkerID: "w", Lease: time.Minute,
 				After: &store.ClaimCursor{Priority: -32768, RunAt: time.Unix(0, 0), ID: 0}, Lag: time.Second})
 		}},
 		{"capped", func(q string) ([]store.ClaimedJob, error) {
 			return store.ClaimCapped(ctx, db, store.ClaimParams{Queues: []string{q}, Limit: 10, WorkerID: "w", Lease: time.Minute})
 		}},
 		{"with outcomes", func(q string) ([]store.ClaimedJob, error) {
-			_, jobs, err := store.FinishAndClaim(ctx, db, nil, store.ClaimParams{Queues: []string{q}, Limit: 10, WorkerID: "w", Lease: time.Minute})
+			_, jobs, err := ensureAndFinishAndClaim(ctx, db, nil, store.ClaimParams{Queues: []string{q}, Limit: 10, WorkerID: "w", Lease: time.Minute})
 			return jobs, err
 		}},
 	} {
@@ -136,7 +136,7 @@ func TestAttemptCounterAtItsLimit(t *testing.T) {
 	} {
 		q := "limit " + out.State
 		id := insertRow(t, db, q, ", attempt, max_attempts", ", 2147483646, 2147483647")
-		jobs, err := store.Claim(ctx, db, store.ClaimParams{Queues: []string{q}, Limit: 1, WorkerID: "w", Lease: time.Minute})
+		jobs, err := ensureAndClaim(ctx, db, store.ClaimParams{Queues: []string{q}, Limit: 1, WorkerID: "w", Lease: time.Minute})
 		if err != nil || len(jobs) != 1 || jobs[0].SetAside || jobs[0].Attempt != 2147483647 {
 			t.Fatalf("claim at the last count: %+v, %v", jobs, err)
 		}
@@ -150,7 +150,7 @@ func TestAttemptCounterAtItsLimit(t *testing.T) {
 	}
 	// Rescued at the limit: failed, attempts used up.
 	id := insertRow(t, db, "limit rescue", ", attempt, max_attempts", ", 2147483646, 2147483647")
-	if _, err := store.Claim(ctx, db, store.ClaimParams{Queues: []string{"limit rescue"}, Limit: 1, WorkerID: "w", Lease: time.Minute}); err != nil {
+	if _, err := ensureAndClaim(ctx, db, store.ClaimParams{Queues: []string{"limit rescue"}, Limit: 1, WorkerID: "w", Lease: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
 	expire(t, db)
@@ -168,12 +168,12 @@ func TestClaimPastCursorAtTheEarliestTimestamp(t *testing.T) {
 	ctx := context.Background()
 	db := pgtest.Pool(t)
 	insertRow(t, db, "early", ", run_at", ", '4714-11-24 00:00:00.05+00 BC'")
-	first, err := store.Claim(ctx, db, store.ClaimParams{Queues: []string{"early"}, Limit: 1, WorkerID: "w", Lease: time.Minute})
+	first, err := ensureAndClaim(ctx, db, store.ClaimParams{Queues: []string{"early"}, Limit: 1, WorkerID: "w", Lease: time.Minute})
 	if err != nil || len(first) != 1 {
 		t.Fatalf("claim: %v, %v", first, err)
 	}
 	next := insertRow(t, db, "early", "", "")
-	got, err := store.Claim(ctx, db, store.ClaimParams{Queues: []string{"early"}, Limit: 1, WorkerID: "w", Lease: time.Minute,
+	got, err := ensureAndClaim(ctx, db, store.ClaimParams{Queues: []string{"early"}, Limit: 1, WorkerID: "w", Lease: time.Minute,
 		After: store.LastClaimed(first), Lag: 100 * time.Millisecond})
 	if err != nil || len(got) != 1 || got[0].ID != next {
 		t.Fatalf("claim past a cursor at the earliest timestamp: %v, %v", got, err)
@@ -232,7 +232,7 @@ func TestTimeoutReadAsTheCheckSeesIt(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			jobs, err := store.Claim(ctx, db, store.ClaimParams{Queues: []string{tc.interval}, Limit: 1, WorkerID: "w", Lease: time.Minute})
+			jobs, err := ensureAndClaim(ctx, db, store.ClaimParams{Queues: []string{tc.interval}, Limit: 1, WorkerID: "w", Lease: time.Minute})
 			if err != nil || len(jobs) != 1 {
 				t.Fatalf("claim: %v, %v", jobs, err)
 			}
@@ -283,7 +283,7 @@ func TestSubMillisecondDurationsRoundUp(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	jobs, err := store.Claim(ctx, tx, store.ClaimParams{Queues: []string{"sub"}, Limit: 1, WorkerID: "w", Lease: time.Minute})
+	jobs, err := ensureAndClaim(ctx, tx, store.ClaimParams{Queues: []string{"sub"}, Limit: 1, WorkerID: "w", Lease: time.Minute})
 	if err != nil || len(jobs) != 1 {
 		t.Fatalf("claim: %v, %v", jobs, err)
 	}
@@ -304,7 +304,7 @@ func TestSubMillisecondDurationsRoundUp(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	jobs, err = store.Claim(ctx, tx, store.ClaimParams{Queues: []string{"sub4"}, Limit: 1, WorkerID: "w", Lease: time.Minute})
+	jobs, err = ensureAndClaim(ctx, tx, store.ClaimParams{Queues: []string{"sub4"}, Limit: 1, WorkerID: "w", Lease: time.Minute})
 	if err != nil || len(jobs) != 1 {
 		t.Fatalf("claim: %v, %v", jobs, err)
 	}
@@ -357,7 +357,7 @@ func TestHugeHistoriesDoNotFailWrites(t *testing.T) {
 	full := insertRow(t, db, "big", ", errors", ", "+huge)
 	insertRow(t, db, "big", "", "")
 	insertRow(t, db, "big", "", "")
-	jobs, err := store.Claim(ctx, db, store.ClaimParams{Queues: []string{"big"}, Limit: 3, WorkerID: "w", Lease: time.Minute})
+	jobs, err := ensureAndClaim(ctx, db, store.ClaimParams{Queues: []string{"big"}, Limit: 3, WorkerID: "w", Lease: time.Minute})
 	if err != nil || len(jobs) != 3 {
 		t.Fatalf("claim: %v, %v", jobs, err)
 	}
@@ -379,7 +379,7 @@ func TestHugeHistoriesDoNotFailWrites(t *testing.T) {
 	if _, err := db.Exec(ctx, `UPDATE leash.jobs SET errors = `+huge+` WHERE id = $1`, full); err != nil {
 		t.Fatal(err)
 	}
-	jobs, err = store.Claim(ctx, db, store.ClaimParams{Queues: []string{"big"}, Limit: 3, WorkerID: "w", Lease: time.Minute})
+	jobs, err = ensureAndClaim(ctx, db, store.ClaimParams{Queues: []string{"big"}, Limit: 3, WorkerID: "w", Lease: time.Minute})
 	if err != nil || len(jobs) != 3 {
 		t.Fatalf("claim: %v, %v", jobs, err)
 	}
