@@ -390,7 +390,7 @@ func pinMigrationSession(ctx context.Context, conn *pgx.Conn, o ApplyOptions) (f
 	for i, kv := range settings {
 		names[i], values[i] = kv[0], kv[1]
 	}
-	const set = `SELECT pg_catalog.set_config(n, v, false) FROM pg_catalog.unnest($1::pg_catalog.text[], $2::pg_catalog.text[]) AS s (n, v)`
+	const set = `SELECT pg_catalog.set_config(n, v, false) FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.text[]), pg_catalog.unnest($2::pg_catalog.text[])) AS s (n, v)`
 	var prev []string
 	err := conn.QueryRow(ctx, `SELECT pg_catalog.array_agg(pg_catalog.current_setting(n) ORDER BY i)
 		FROM pg_catalog.unnest($1::pg_catalog.text[]) WITH ORDINALITY AS s (n, i)`, names).Scan(&prev)

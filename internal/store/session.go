@@ -124,7 +124,7 @@ func ReadSession(ctx context.Context, db DBTX) (Session, error) {
 	for k := range SessionParams {
 		names = append(names, strings.ToLower(k))
 	}
-	var settings [][3]string
+	var settings [][]string
 	err := db.QueryRow(ctx, `
 		SELECT session_user::pg_catalog.text, pg_catalog.current_database()::pg_catalog.text, r.rolsuper, pg_catalog.pg_is_in_recovery(),
 		       pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on',
