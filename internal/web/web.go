@@ -147,7 +147,7 @@ func (s *server) ready(w http.ResponseWriter, r *http.Request) {
 	}
 	if s.Ready != nil {
 		if err := s.Ready(); err != nil {
-			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
 			return
 		}
 	}
