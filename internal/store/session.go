@@ -24,8 +24,10 @@ import (
 //     (the waiting hint's lock, migrations' -lock-timeout).
 //   - idle_in_transaction_session_timeout: leash never leaves a transaction idle; a minute
 //     frees the locks of a process stalled in one.
-//   - TimeZone: leash reads and writes timestamps in binary; the per-minute statistics cut
-//     minutes with date_trunc, which a zone with an offset of seconds would shift.
+//   - TimeZone: leash reads and writes timestamps in binary, but the timestamps it writes into
+//     JSON (a job's error history) carry the session's offset, and the per-minute statistics
+//     cut minutes with date_trunc in the session's zone: UTC keeps both the same on every
+//     worker.
 //
 // PinSession adds two more that depend on the server: idle_session_timeout (PostgreSQL 14 and
 // later) is turned off, since the LISTEN connection is idle by design, and synchronous_commit is
