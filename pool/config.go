@@ -104,7 +104,10 @@ type Config struct {
 	Timeouts map[string]time.Duration
 	// ControlConns is the number of connections the pool opens for itself (claims, renewals,
 	// outcomes, rescue, retention), from db's configuration, so that handlers using db can never
-	// starve the lease protocol. Default ControlConnsDefault (4); negative shares db instead.
+	// starve the lease protocol; their sessions run with leash's own settings (search_path,
+	// isolation, timeouts: README, Database settings), whatever the database's defaults.
+	// Default ControlConnsDefault (4); negative shares db instead, whose settings leash leaves
+	// alone.
 	ControlConns int
 	// RetryBackoff gives the delay before attempt+1 after attempt failed. Default
 	// DefaultRetryBackoff.

@@ -93,7 +93,9 @@ func (j *Job) EnsureActive() error { return j.lease.EnsureActive() }
 // this claim still holds it unrevoked, so the handler's own writes in tx commit only under a
 // live lease: a worker that lost the job can no longer commit in its name, and a revocation
 // committed before the fence wins (it also cancels the handler's context). A revocation that
-// comes later waits for tx.
+// comes later waits for tx. tx's isolation level is the application's: under REPEATABLE READ
+// or SERIALIZABLE, a row renewed after tx took its snapshot fails the fence with a serialization
+// failure (SQLSTATE 40001), never with a stale success; fence first in tx and retry on 40001.
 func (j *Job) Fence(ctx context.Context, tx pgx.Tx) error {
 	if err := j.lease.EnsureActive(); err != nil {
 		return fmt.Errorf("fence job %d: %w: %w", j.ID, ErrFenced, err)

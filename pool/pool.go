@@ -103,6 +103,9 @@ type Pool struct {
 	running   map[int64]*Job // every running attempt, by lease token; the one registry of claims
 	attempts  sync.Map       // lease token -> *attemptState, for attempts that Config.Hooks observe
 
+	settings atomic.Pointer[settingsCheck] // the last check of the database's settings
+	unpinned atomic.Bool                   // the control connections could not pin leash's session settings
+
 	started      atomic.Bool
 	shutdownOnce sync.Once
 	shutdownCh   chan struct{}
@@ -168,14 +171,16 @@ func (c controlDB) QueryRow(ctx context.Context, sql string, args ...any) pgx.Ro
 }
 
 // openControl opens the control pool: the application pool's configuration (hooks, tracer,
-// TLS) with Config.ControlConns connections.
+// TLS) with Config.ControlConns connections, each with leash's session settings pinned
+// (store.PinSession) unless a pooler refuses them.
 func (p *Pool) openControl(ctx context.Context) (*pgxpool.Pool, error) {
 	if p.cfg.ControlConns < 0 {
+		p.unpinned.Store(true)
 		return nil, nil
 	}
 	cc := p.db.Config().Copy()
 	cc.MaxConns, cc.MinConns = int32(p.cfg.ControlConns), 0
-	ctl, err := pgxpool.NewWithConfig(ctx, cc)
+	ctl, err := p.openPinned(ctx, cc)
 	if err != nil {
 		return nil, fmt.Errorf("pool: open control connections: %w", err)
 	}
@@ -248,6 +253,12 @@ func (p *Pool) Busy() int { return int(p.active.Load()) }
 // jobs get Config.ShutdownTimeout to finish before they are cancelled with lease.ErrShutdown and
 // handed back. Run returns nil after a clean stop.
 //
+// Before it claims anything, Run checks the database's settings that leash cannot override on
+// its connections and fails (wrapping ErrDatabaseSettings, a *SettingError naming the setting
+// and the fix) when one stops it: a server in recovery, default_transaction_read_only on,
+// session_replication_role other than origin, or a connection limit (the role's, the
+// database's, max_connections) below what this worker opens. Ready reports them while they last.
+//
 // The pool's services (lease renewal, rescue, listener, stall watch, retention, schedules,
 // planner statistics) run under one errgroup from start to the very end; the claim loop stops
 // first, then running handlers get their grace period, then every outcome is written, and only
@@ -270,6 +281,9 @@ func (p *Pool) Run(ctx context.Context) error {
 		p.ctl.Store(ctl)
 		defer ctl.Close()
 	}
+	if err := p.checkAtStart(ctx); err != nil {
+		return err
+	}
 	if err := p.ensureQueues(ctx); err != nil {
 		return err
 	}
@@ -279,7 +293,7 @@ func (p *Pool) Run(ctx context.Context) error {
 	defer stopServices()
 	services, svcCtx := errgroup.WithContext(svcCtx)
 	rescuer := &lease.Rescuer{DB: controlDB{p}, Interval: p.cfg.RescueInterval, Logger: p.log, Metrics: &p.metrics.Lease}
-	for _, svc := range []func(context.Context){p.keeper.Run, rescuer.Run, p.watchStalls, p.runRetention, p.revocations.run, p.runSchedules, p.runPlannerStats,
+	for _, svc := range []func(context.Context){p.keeper.Run, rescuer.Run, p.watchStalls, p.runRetention, p.revocations.run, p.runSchedules, p.runPlannerStats, p.watchSettings,
 		func(ctx context.Context) { p.listener.Run(ctx) }} {
 		services.Go(func() error { svc(svcCtx); return nil })
 	}

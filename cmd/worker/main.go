@@ -143,13 +143,25 @@ func connect(ctx context.Context, e env) (*pgxpool.Pool, error) {
 		cfg.MaxConns = e.DBMaxConns
 	}
 	cfg.ConnConfig.DialFunc = netdial.Dialer().DialContext
-	db, err := pgxpool.NewWithConfig(ctx, cfg)
+	// Every statement on this pool is leash's own (the built-in handlers write only their
+	// progress): it runs with leash's session settings, unless a pooler refuses them.
+	pinned := cfg.Copy()
+	store.PinSession(&pinned.ConnConfig.Config)
+	db, err := pgxpool.NewWithConfig(ctx, pinned)
 	if err != nil {
 		return nil, fmt.Errorf("open database: %w", err)
 	}
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if err := db.Ping(pctx); err != nil {
+	err = db.Ping(pctx)
+	if store.StartupParamsRefused(err) {
+		db.Close()
+		if db, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
+			return nil, fmt.Errorf("open database: %w", err)
+		}
+		err = db.Ping(pctx)
+	}
+	if err != nil {
 		db.Close()
 		return nil, fmt.Errorf("cannot reach the database at %s:%d: %w", cfg.ConnConfig.Host, cfg.ConnConfig.Port, err)
 	}
@@ -268,7 +280,7 @@ func serveHTTP(e env, ln net.Listener, db *pgxpool.Pool, p *pool.Pool, reg *prom
 	if host, _, err := net.SplitHostPort(e.HTTPAddr); err == nil && host != "" {
 		hosts = append(hosts, host) // the configured name; IP literals are accepted anyway
 	}
-	h, err := web.New(web.Options{DB: db, ListenerConnected: p.ListenerConnected, Gatherer: reg,
+	h, err := web.New(web.Options{DB: db, Ready: p.Ready, Gatherer: reg,
 		AdminToken: token, AdminOpen: open, AdminHosts: hosts, ReportSchema: true, Release: version.Release, Logger: log})
 	if err != nil {
 		return nil, err

@@ -389,6 +389,9 @@ ignore_startup_parameters = extra_float_digits
 		return err == nil
 	})
 
+	// The test cluster runs with synchronous_commit = off for speed. Through a pooler leash cannot
+	// raise it on its connections and warns (README, Database settings): set as an operator would.
+	pgtest.Exec(t, direct, "ALTER DATABASE "+pgx.Identifier{cfg.Database}.Sanitize()+" SET synchronous_commit = on")
 	db := pgtest.PoolFor(t, direct)
 	ctx := context.Background()
 	db.Exec(ctx, `INSERT INTO leash.jobs (kind) SELECT 'noop' FROM generate_series(1, 300)`)

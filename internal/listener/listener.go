@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgxlisten"
 	"github.com/leashq/leash/internal/netdial"
+	"github.com/leashq/leash/internal/store"
 	"github.com/leashq/leash/notify"
 )
 
@@ -43,7 +44,10 @@ type Listener struct {
 	// is kept; when it returns a *net.TCPConn, TCP keepalive on that connection is tuned to find
 	// a dead peer in seconds (replacing whatever keepalive the DialFunc set), since the LISTEN
 	// connection sits idle for hours. A Config without connect_timeout gets
-	// ConnectTimeoutDefault. application_name is set to notify.ApplicationName.
+	// ConnectTimeoutDefault. application_name is set to notify.ApplicationName, and the session
+	// settings leash pins (store.PinSession: idle_session_timeout off, since the connection is
+	// idle by design and a self-notification does not count as activity, and search_path) are
+	// set unless a pooler refuses them.
 	Config *pgx.ConnConfig
 	// ReconnectDelay is the wait between connection attempts. Default ReconnectDelayDefault.
 	ReconnectDelay time.Duration
@@ -81,6 +85,8 @@ type Listener struct {
 
 	log         *slog.Logger
 	connected   atomic.Bool
+	downAt      atomic.Int64 // when the last connection was lost (unix nanoseconds); 0 before the first
+	unpinned    atomic.Bool  // a pooler refused the pinned settings: connect without them
 	connections atomic.Int64
 	channels    int // channels LISTENed on each connection
 	pingChannel string
@@ -105,6 +111,26 @@ type backend struct {
 
 // Connected reports whether the listener has a live LISTEN connection.
 func (l *Listener) Connected() bool { return l.connected.Load() }
+
+// DownFor reports how long the listener has been without a live connection since it lost the
+// last one (0 while connected), and whether it was ever connected.
+func (l *Listener) DownFor() (time.Duration, bool) {
+	at := l.downAt.Load()
+	if l.connected.Load() {
+		return 0, true
+	}
+	if at == 0 {
+		return 0, l.connections.Load() > 0
+	}
+	return time.Since(time.Unix(0, at)), true
+}
+
+// setDown records that the current connection is no longer live.
+func (l *Listener) setDown() {
+	if l.connected.Swap(false) {
+		l.downAt.Store(time.Now().UnixNano())
+	}
+}
 
 // handler dispatches one channel's notifications and, as a pgxlisten.BacklogHandler, learns when
 // pgxlisten's LISTEN on that channel is in effect.
@@ -146,7 +172,7 @@ func (l *Listener) Run(ctx context.Context) error {
 	pl := &pgxlisten.Listener{
 		Connect: func(sess context.Context) (*pgx.Conn, error) { return l.connect(ctx, sess) },
 		LogError: func(ctx context.Context, err error) {
-			l.connected.Store(false)
+			l.setDown()
 			if ctx.Err() == nil {
 				l.log.WarnContext(ctx, "listener error", slog.Any("err", err))
 			}
@@ -205,7 +231,7 @@ func (l *Listener) Run(ctx context.Context) error {
 		l.mu.Unlock()
 		pl.Listen(sess)
 		cancel()
-		l.connected.Store(false)
+		l.setDown()
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
@@ -234,7 +260,7 @@ func (l *Listener) reconnectIf(gen int64) {
 // backend of the previous connection, if any, is terminated in the background first. runCtx is
 // Run's context, sess the current session's.
 func (l *Listener) connect(runCtx, sess context.Context) (*pgx.Conn, error) {
-	l.connected.Store(false)
+	l.setDown()
 	l.mu.Lock()
 	prev := l.cur
 	l.cur = backend{}
@@ -256,7 +282,22 @@ func (l *Listener) connect(runCtx, sess context.Context) (*pgx.Conn, error) {
 	if cfg.ConnectTimeout == 0 {
 		cfg.ConnectTimeout = ConnectTimeoutDefault
 	}
-	conn, err := pgx.ConnectConfig(sess, cfg)
+	pinned := cfg.Copy()
+	store.PinSession(&pinned.Config)
+	var conn *pgx.Conn
+	var err error
+	if !l.unpinned.Load() {
+		conn, err = pgx.ConnectConfig(sess, pinned)
+		if store.StartupParamsRefused(err) {
+			l.unpinned.Store(true)
+			l.log.WarnContext(sess, "the listener's connection goes through a pooler that refuses session settings; "+
+				"listening without them (idle_session_timeout then applies): point LISTEN_DATABASE_URL at PostgreSQL itself",
+				slog.Any("err", err))
+		}
+	}
+	if l.unpinned.Load() {
+		conn, err = pgx.ConnectConfig(sess, cfg)
+	}
 	if err != nil {
 		return nil, err
 	}

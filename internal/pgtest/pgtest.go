@@ -168,3 +168,50 @@ func PoolFor(t testing.TB, connString string) *pgxpool.Pool {
 	t.Cleanup(p.Close)
 	return p
 }
+
+// Exec runs sql on connString (a fresh connection), failing t on an error: for setting up what
+// a DBA would (ALTER DATABASE ... SET, CREATE ROLE).
+func Exec(t testing.TB, connString, sql string) {
+	t.Helper()
+	if err := exec(context.Background(), connString, sql); err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+}
+
+// DatabaseName returns the database connString names.
+func DatabaseName(t testing.TB, connString string) string {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(connString)
+	if err != nil {
+		t.Fatalf("pgtest: parse %q: %v", connString, err)
+	}
+	return cfg.Database
+}
+
+// Role creates a login role of its own for t (attrs as in CREATE ROLE, e.g. "SUPERUSER" or
+// "CONNECTION LIMIT 3") with every right on schema leash of connString's database, and returns
+// its name and connString as that role. The role is dropped when t ends, with what it owns.
+func Role(t testing.TB, connString, attrs string) (name, roleURL string) {
+	t.Helper()
+	name = fmt.Sprintf("leash_r_%d_%d", os.Getpid(), counter.Add(1))
+	Exec(t, connString, fmt.Sprintf(`CREATE ROLE %[1]s LOGIN %[2]s;
+		DO $$ BEGIN
+			IF to_regnamespace('leash') IS NOT NULL THEN
+				GRANT USAGE, CREATE ON SCHEMA leash TO %[1]s;
+				GRANT ALL ON ALL TABLES IN SCHEMA leash TO %[1]s;
+				GRANT ALL ON ALL SEQUENCES IN SCHEMA leash TO %[1]s;
+				GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA leash TO %[1]s;
+			END IF;
+		END $$`, name, attrs))
+	t.Cleanup(func() {
+		ctx := context.Background()
+		_ = exec(ctx, connString, "DROP OWNED BY "+name)
+		_ = exec(ctx, setup(t).admin, "DROP ROLE IF EXISTS "+name)
+	})
+	u, err := url.Parse(connString)
+	if err != nil || u.Scheme == "" {
+		return name, connString + " user=" + name
+	}
+	u.User = url.User(name)
+	return name, u.String()
+}

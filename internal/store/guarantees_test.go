@@ -241,13 +241,13 @@ func TestEveryNotifyGuarded(t *testing.T) {
 	url := pgtest.URL(t)
 	ctx := context.Background()
 	db := pgtest.PoolFor(t, url)
-	exec(t, db, `CREATE SCHEMA shim;
-		CREATE FUNCTION shim.pg_notification_queue_usage() RETURNS double precision LANGUAGE sql AS 'SELECT 0.9'`)
+	fullQueueShim(t, url)
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg.ConnConfig.RuntimeParams["search_path"] = "shim, pg_catalog, public"
+	cfg.ConnConfig.RuntimeParams["shim.usage"] = "0.9"
 	full, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -140,8 +140,8 @@ type ApplyOptions struct {
 	// migration's ALTER TABLE waits for transactions using the table to end, and every query on
 	// the table queues behind it meanwhile: a long transaction would stall the whole fleet for as
 	// long. With a LockTimeout the migration gives up instead (IsLockTimeout), having applied
-	// nothing of the transaction that gave up; try again later. 0 leaves the session's setting
-	// (PostgreSQL's default: wait as long as it takes).
+	// nothing of the transaction that gave up; try again later. 0 waits as long as it takes,
+	// whatever lock_timeout the database or role sets.
 	LockTimeout time.Duration
 }
 
@@ -181,9 +181,43 @@ func applyMigrations(ctx context.Context, db Beginner, all []Migration, o ApplyO
 	}
 }
 
-// lockTimeout is the setting's value for o: whole milliseconds, at least one.
+// lockTimeout is the setting's value for o: whole milliseconds, at least one; "0" (none) when
+// o has no LockTimeout.
 func (o ApplyOptions) lockTimeout() string {
+	if o.LockTimeout <= 0 {
+		return "0"
+	}
 	return strconv.FormatInt(max(o.LockTimeout.Milliseconds(), 1), 10) + "ms"
+}
+
+// migrationSettings are the settings a migration runs with, whatever the database's or role's
+// defaults: object names resolve in pg_catalog first (a column default's now() binds to
+// pg_catalog.now, not to a now() someone put in public), no statement timeout (an index built
+// concurrently on a large table takes as long as it takes; the wait for a lock is bounded by
+// ApplyOptions.LockTimeout alone, and retried), no idle-in-transaction timeout.
+func (o ApplyOptions) migrationSettings() [][2]string {
+	return [][2]string{
+		{"search_path", "pg_catalog, pg_temp"},
+		{"statement_timeout", "0"},
+		{"lock_timeout", o.lockTimeout()},
+		{"idle_in_transaction_session_timeout", "0"},
+		{"default_transaction_isolation", "read committed"},
+	}
+}
+
+// pinMigrationTx is the first statement of a migration transaction: read committed (each
+// statement sees what the ones before it committed, as a console's migration would), and
+// migrationSettings for the transaction only.
+func (o ApplyOptions) pinMigrationTx() string {
+	var b strings.Builder
+	b.WriteString("SET TRANSACTION ISOLATION LEVEL READ COMMITTED; SELECT ")
+	for i, kv := range o.migrationSettings() {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "pg_catalog.set_config('%s', '%s', true)", kv[0], kv[1])
+	}
+	return b.String()
 }
 
 const createMigrationTable = `
@@ -223,17 +257,15 @@ func applyInTx(ctx context.Context, db Beginner, all []Migration, o ApplyOptions
 	err = waitForLock(ctx, func() error {
 		return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 			done, next = nil, nil
+			if _, err := tx.Exec(ctx, o.pinMigrationTx()); err != nil {
+				return fmt.Errorf("pin the migration's settings: %w", err)
+			}
 			var locked bool
-			if err := tx.QueryRow(ctx, "SELECT pg_try_advisory_xact_lock($1)", int64(migrateLockKey)).Scan(&locked); err != nil {
+			if err := tx.QueryRow(ctx, "SELECT pg_catalog.pg_try_advisory_xact_lock($1)", int64(migrateLockKey)).Scan(&locked); err != nil {
 				return fmt.Errorf("take migration lock: %w", err)
 			}
 			if !locked {
 				return errLockBusy
-			}
-			if o.LockTimeout > 0 {
-				if _, err := tx.Exec(ctx, "SELECT set_config('lock_timeout', $1, true)", o.lockTimeout()); err != nil {
-					return fmt.Errorf("set lock_timeout: %w", err)
-				}
 			}
 			if _, err := tx.Exec(ctx, createMigrationTable); err != nil {
 				return fmt.Errorf("create migration table: %w", err)
@@ -335,19 +367,44 @@ func applyOutsideTx(ctx context.Context, db Beginner, m Migration, o ApplyOption
 	if have[m.Version] {
 		return false, nil
 	}
-	if o.LockTimeout > 0 {
-		var prev string
-		if err := conn.QueryRow(ctx, "SELECT current_setting('lock_timeout'), set_config('lock_timeout', $1, false)", o.lockTimeout()).Scan(&prev, nil); err != nil {
-			return false, fmt.Errorf("set lock_timeout: %w", err)
-		}
-		defer conn.Exec(context.WithoutCancel(ctx), "SELECT set_config('lock_timeout', $1, false)", prev)
+	// The session is the caller's: its settings are set for the migration and put back after.
+	restore, err := pinMigrationSession(ctx, conn, o)
+	if err != nil {
+		return false, err
 	}
+	defer restore()
 	for i, stmt := range splitStatements(m.SQL) {
 		if _, err := conn.Exec(ctx, stmt); err != nil {
 			return false, fmt.Errorf("apply migration %s (outside a transaction), statement %d: %w", m.Name, i+1, err)
 		}
 	}
 	return true, record(ctx, conn, m)
+}
+
+// pinMigrationSession sets migrationSettings on conn for a migration run outside a transaction
+// (each statement then runs in a transaction of its own, read committed); the returned function
+// puts the session's previous values back.
+func pinMigrationSession(ctx context.Context, conn *pgx.Conn, o ApplyOptions) (func(), error) {
+	settings := o.migrationSettings()
+	names, values := make([]string, len(settings)), make([]string, len(settings))
+	for i, kv := range settings {
+		names[i], values[i] = kv[0], kv[1]
+	}
+	const set = `SELECT pg_catalog.set_config(n, v, false) FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.text[]), pg_catalog.unnest($2::pg_catalog.text[])) AS s (n, v)`
+	var prev []string
+	err := conn.QueryRow(ctx, `SELECT pg_catalog.array_agg(pg_catalog.current_setting(n) ORDER BY i)
+		FROM pg_catalog.unnest($1::pg_catalog.text[]) WITH ORDINALITY AS s (n, i)`, names).Scan(&prev)
+	if err == nil {
+		_, err = conn.Exec(ctx, set, names, values)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("pin the migration's settings: %w", err)
+	}
+	return func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		conn.Exec(rctx, set, names, prev)
+	}, nil
 }
 
 // splitStatements cuts a script into its statements at semicolons outside quotes, dollar

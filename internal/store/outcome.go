@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Outcome is the fenced final write for one claim. The worker decides every field; the
@@ -209,10 +210,18 @@ var ErrRevokedRow = errors.New("job revoked")
 // Fence locks the job row in tx and fails with ErrFenced unless it is still running under token,
 // or with ErrRevokedRow when it was revoked, so that the caller's other writes in tx commit only
 // under a live, unrevoked lease. A revocation arriving later waits for tx.
+//
+// Fence, CompleteTx, SetProgress and SetProgressTx run on the application's connections, with
+// its settings: their SQL names every function and operator with its schema, so that no
+// search_path can change what they compare. The caller's isolation level matters: under
+// REPEATABLE READ or SERIALIZABLE, a row renewed (or revoked) after the transaction's snapshot
+// was taken fails the lock with a serialization failure (SQLSTATE 40001), never with a stale
+// success; fence first in the transaction to keep that window short, and retry on 40001.
 func Fence(ctx context.Context, tx DBTX, id, token int64) error {
 	var revoked bool
 	err := tx.QueryRow(ctx, `
-		SELECT revoked_at IS NOT NULL FROM leash.jobs WHERE id = $1 AND lease_token = $2 AND state = 'running'
+		SELECT revoked_at IS NOT NULL FROM leash.jobs
+		WHERE id OPERATOR(pg_catalog.=) $1 AND lease_token OPERATOR(pg_catalog.=) $2 AND state OPERATOR(pg_catalog.=) 'running'
 		FOR NO KEY UPDATE`, id, token).Scan(&revoked)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return ErrFenced
@@ -243,13 +252,13 @@ func CompleteTx(ctx context.Context, tx DBTX, id, token int64, output []byte) er
 	err := tx.QueryRow(ctx, `
 		WITH cur AS (
 			SELECT id, revoked_at IS NOT NULL AS revoked FROM leash.jobs
-			WHERE id = $1 AND lease_token = $2 AND state = 'running'
+			WHERE id OPERATOR(pg_catalog.=) $1 AND lease_token OPERATOR(pg_catalog.=) $2 AND state OPERATOR(pg_catalog.=) 'running'
 			FOR NO KEY UPDATE
 		), done AS (
-			UPDATE leash.jobs j SET state = 'completed', finished_at = now(),
-			    output = $3::jsonb,
+			UPDATE leash.jobs j SET state = 'completed', finished_at = pg_catalog.now(),
+			    output = $3::pg_catalog.jsonb,
 			    lease_token = NULL, leased_by = NULL, lease_expires_at = NULL
-			FROM cur WHERE j.id = cur.id AND NOT cur.revoked
+			FROM cur WHERE j.id OPERATOR(pg_catalog.=) cur.id AND NOT cur.revoked
 		)
 		SELECT revoked FROM cur`, id, token, out).Scan(&revoked)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -283,15 +292,22 @@ func SetProgress(ctx context.Context, db DBTX, id, token int64, progress []byte)
 		var state string
 		err := db.QueryRow(ctx, `
 			WITH cur AS (
-				SELECT id, lease_token, state FROM leash.jobs WHERE id = $1 FOR NO KEY UPDATE SKIP LOCKED
+				SELECT id, lease_token, state FROM leash.jobs WHERE id OPERATOR(pg_catalog.=) $1 FOR NO KEY UPDATE SKIP LOCKED
 			), upd AS (
 				UPDATE leash.jobs j SET progress = $3 FROM cur
-				WHERE j.id = cur.id AND cur.lease_token = $2 AND cur.state = 'running'
+				WHERE j.id OPERATOR(pg_catalog.=) cur.id AND cur.lease_token OPERATOR(pg_catalog.=) $2
+				  AND cur.state OPERATOR(pg_catalog.=) 'running'
 				RETURNING j.id
 			)
 			SELECT CASE WHEN EXISTS (SELECT FROM upd) THEN 'written'
 			            WHEN EXISTS (SELECT FROM cur) THEN 'fenced'
 			            ELSE 'busy' END`, id, token, string(progress)).Scan(&state)
+		var pe *pgconn.PgError
+		if errors.As(err, &pe) && pe.Code == "40001" && time.Now().Before(deadline) {
+			// The application's default isolation is above read committed and a renewal changed
+			// the row after this statement's snapshot: a new statement has a new snapshot.
+			continue
+		}
 		if err != nil {
 			return fmt.Errorf("set progress of job %d: %w", id, err)
 		}
@@ -303,7 +319,8 @@ func SetProgress(ctx context.Context, db DBTX, id, token int64, progress []byte)
 		}
 		// Locked, or no such row: tell them apart without a lock.
 		var held bool
-		err = db.QueryRow(ctx, `SELECT EXISTS (SELECT FROM leash.jobs WHERE id = $1 AND lease_token = $2 AND state = 'running')`,
+		err = db.QueryRow(ctx, `SELECT EXISTS (SELECT FROM leash.jobs
+			WHERE id OPERATOR(pg_catalog.=) $1 AND lease_token OPERATOR(pg_catalog.=) $2 AND state OPERATOR(pg_catalog.=) 'running')`,
 			id, token).Scan(&held)
 		if err != nil {
 			return fmt.Errorf("set progress of job %d: %w", id, err)
@@ -330,7 +347,8 @@ func SetProgressTx(ctx context.Context, tx DBTX, id, token int64, progress []byt
 	if err != nil {
 		return fmt.Errorf("set progress of job %d: %w", id, err)
 	}
-	tag, err := tx.Exec(ctx, `UPDATE leash.jobs SET progress = $3 WHERE id = $1 AND lease_token = $2 AND state = 'running'`,
+	tag, err := tx.Exec(ctx, `UPDATE leash.jobs SET progress = $3
+		WHERE id OPERATOR(pg_catalog.=) $1 AND lease_token OPERATOR(pg_catalog.=) $2 AND state OPERATOR(pg_catalog.=) 'running'`,
 		id, token, string(progress))
 	if err != nil {
 		return fmt.Errorf("set progress of job %d: %w", id, err)

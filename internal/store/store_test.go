@@ -94,30 +94,38 @@ func TestScheduledInsertDoesNotNotify(t *testing.T) {
 	}
 }
 
-// The trigger skips NOTIFY when the notification queue is over half full. The real queue cannot be
-// filled in a test, so a function earlier on the session's search_path stands in for the usage.
+// fullQueueShim makes pg_notification_queue_usage() read shim.usage (a session setting; 0 when
+// unset) in sessions whose search_path starts with schema shim and inside every function of
+// schema leash that runs with its caller's rights (their search_path is pinned, so the shim goes
+// into their own setting), in url's database only: the real queue cannot be filled in a test.
+func fullQueueShim(t *testing.T, url string) {
+	t.Helper()
+	pgtest.Exec(t, url, `CREATE SCHEMA shim;
+		CREATE FUNCTION shim.pg_notification_queue_usage() RETURNS double precision LANGUAGE sql
+			AS $$ SELECT coalesce(nullif(current_setting('shim.usage', true), ''), '0')::float8 $$;
+		DO $$
+		DECLARE f regprocedure;
+		BEGIN
+			FOR f IN SELECT p.oid::regprocedure FROM pg_proc p WHERE p.pronamespace = 'leash'::regnamespace AND NOT p.prosecdef LOOP
+				EXECUTE format('ALTER FUNCTION %s SET search_path = shim, pg_catalog, pg_temp', f);
+			END LOOP;
+		END $$`)
+}
+
+// The trigger skips NOTIFY when the notification queue is over half full.
 func TestQueueUsageGuard(t *testing.T) {
 	t.Parallel()
 	url := pgtest.URL(t)
 	ctx := context.Background()
-	setup, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = setup.Exec(ctx, `CREATE SCHEMA shim;
-		CREATE FUNCTION shim.pg_notification_queue_usage() RETURNS double precision LANGUAGE sql AS 'SELECT 0.9'`)
-	setup.Close(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	fullQueueShim(t, url)
 	got := notifications(t, url, func(conn *pgx.Conn) {
-		if _, err := conn.Exec(ctx, "SET search_path = shim, pg_catalog, public"); err != nil {
+		if _, err := conn.Exec(ctx, "SET search_path = shim, pg_catalog, public; SET shim.usage = 0.9"); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := store.Insert(ctx, conn, jp(store.InsertParams{Kind: "k", Queue: "full"})); err != nil {
 			t.Fatalf("insert must not fail when the queue is full: %v", err)
 		}
-		if _, err := conn.Exec(ctx, "RESET search_path"); err != nil {
+		if _, err := conn.Exec(ctx, "RESET search_path; RESET shim.usage"); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := store.Insert(ctx, conn, jp(store.InsertParams{Kind: "k", Queue: "fine"})); err != nil {

@@ -39,6 +39,10 @@ type Options struct {
 	}
 	// ListenerConnected reports the worker's LISTEN connection; nil means not applicable.
 	ListenerConnected func() bool
+	// Ready, when set, says why the worker is not ready (nil when it is); /readyz answers 503
+	// with its message. pool.Pool's Ready fits: database settings that stop the worker, a
+	// listener down for longer than a reconnect takes.
+	Ready func() error
 	// Gatherer serves /metrics; nil disables it.
 	Gatherer prometheus.Gatherer
 	// AdminToken, when set, is required (as a bearer token or the basic-auth password) for the
@@ -140,6 +144,12 @@ func (s *server) ready(w http.ResponseWriter, r *http.Request) {
 	if s.ListenerConnected != nil && !s.ListenerConnected() {
 		http.Error(w, "listener not connected", http.StatusServiceUnavailable)
 		return
+	}
+	if s.Ready != nil {
+		if err := s.Ready(); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
 	}
 	fmt.Fprintln(w, "ready")
 	if s.ReportSchema {
