@@ -138,7 +138,7 @@ func TestWakeDuringFailedClaimIsKept(t *testing.T) {
 		CREATE SEQUENCE claim_failures;
 		CREATE FUNCTION fail_first_claim() RETURNS trigger LANGUAGE plpgsql AS $$
 		BEGIN
-			IF nextval('claim_failures') = 1 THEN
+			IF nextval('public.claim_failures') = 1 THEN
 				PERFORM pg_sleep(0.3);
 				RAISE EXCEPTION 'the first claim fails';
 			END IF;

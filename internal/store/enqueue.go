@@ -91,12 +91,13 @@ var ErrHolderNotVisible = errors.New("the job holding the unique key was committ
 
 // interval is d as a PostgreSQL interval, to the millisecond (as the columns keep it).
 func interval(d time.Duration) pgtype.Interval {
-	return pgtype.Interval{Microseconds: d.Milliseconds() * 1000, Valid: true}
+	return pgtype.Interval{Microseconds: millis(d) * 1000, Valid: true}
 }
 
-// nullInterval is d as an interval, NULL when under a millisecond.
+// nullInterval is d as an interval of whole milliseconds, rounded up like every duration leash
+// stores (see millis), so that no positive duration reads as none; NULL when not positive.
 func nullInterval(d time.Duration) pgtype.Interval {
-	return pgtype.Interval{Microseconds: d.Milliseconds() * 1000, Valid: d >= time.Millisecond}
+	return pgtype.Interval{Microseconds: max(millis(d), 0) * 1000, Valid: d > 0}
 }
 
 // Insert adds one job and returns its id. With a unique key that another job holds, it inserts
