@@ -130,6 +130,11 @@ func (p *Pool) claimLoop(ctx context.Context) {
 				continue // claim once more: an insert that did not see the registration is found now
 			}
 		}
+		if w.registered && w.stale() && time.Now().After(w.retryAt) {
+			// A queue was paused, resumed or capped since the registration: wait on the queues
+			// that may be claimed now (a paused one is not notified, a resumed one is).
+			w.register(ctx)
+		}
 		var recheck time.Duration
 		switch {
 		case gathering:
@@ -256,6 +261,13 @@ type waiting struct {
 	registered bool
 	rechecks   int       // claims made since the registration (see registeredRechecks)
 	retryAt    time.Time // after a failed registration, when to try again
+	key        string    // the queue view's waitable key at the registration
+}
+
+// stale reports whether the queues to wait on have changed in the view since the registration.
+func (w *waiting) stale() bool {
+	_, key := w.p.queues.waitable(w.p.cfg.Queues)
+	return key != w.key
 }
 
 // register records (or refreshes) the registration; false when it could not.
@@ -263,9 +275,10 @@ func (w *waiting) register(ctx context.Context) bool {
 	p := w.p
 	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	// Expires three polls from now: refreshed at every poll while waiting, gone soon after the
-	// worker is.
-	err := store.RegisterWaiter(sctx, p.control(), p.waiterID, p.cfg.Queues, 3*p.cfg.PollInterval+time.Second)
+	// Only on the queues not paused: an insert into a paused queue wakes nobody. Expires three
+	// polls from now: refreshed at every poll while waiting, gone soon after the worker is.
+	queues, key := p.queues.waitable(p.cfg.Queues)
+	err := store.RegisterWaiter(sctx, p.control(), p.waiterID, queues, 3*p.cfg.PollInterval+time.Second)
 	if err != nil {
 		if ctx.Err() == nil {
 			p.log.WarnContext(ctx, "registering as waiting for work failed; polling instead", slog.Any("err", err))
@@ -276,7 +289,7 @@ func (w *waiting) register(ctx context.Context) bool {
 	if !w.registered {
 		w.rechecks = 0
 	}
-	w.registered = true
+	w.registered, w.key = true, key
 	return true
 }
 
