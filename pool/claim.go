@@ -117,6 +117,7 @@ func (p *Pool) claimLoop(ctx context.Context) {
 				claimNow = true
 			case <-poll.C:
 				poll.Reset(p.jitteredPoll())
+				p.scan.polled()
 				if w.registered {
 					w.register(ctx)
 				}
@@ -136,6 +137,11 @@ func (p *Pool) claimLoop(ctx context.Context) {
 				claimNow = true
 				continue // claim once more: an insert that did not see the registration is found now
 			}
+		}
+		if w.registered && w.stale() && time.Now().After(w.retryAt) {
+			// A queue was paused, resumed or capped since the registration: wait on the queues
+			// that may be claimed now (a paused one is not notified, a resumed one is).
+			w.register(ctx)
 		}
 		var recheck time.Duration
 		switch {
@@ -167,6 +173,7 @@ func (p *Pool) claimLoop(ctx context.Context) {
 		case <-idle.C:
 		case <-poll.C:
 			poll.Reset(p.jitteredPoll())
+			p.scan.polled()
 			if w.registered {
 				w.register(ctx) // refresh before it expires
 			}
@@ -266,6 +273,13 @@ type waiting struct {
 	registered bool
 	rechecks   int       // claims made since the registration (see registeredRechecks)
 	retryAt    time.Time // after a failed registration, when to try again
+	key        string    // the queue view's waitable key at the registration
+}
+
+// stale reports whether the queues to wait on have changed in the view since the registration.
+func (w *waiting) stale() bool {
+	_, key := w.p.queues.waitable(w.p.cfg.Queues)
+	return key != w.key
 }
 
 // register records (or refreshes) the registration; false when it could not.
@@ -273,9 +287,10 @@ func (w *waiting) register(ctx context.Context) bool {
 	p := w.p
 	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	// Expires three polls from now: refreshed at every poll while waiting, gone soon after the
-	// worker is.
-	err := store.RegisterWaiter(sctx, p.control(), p.waiterID, p.cfg.Queues, 3*p.cfg.PollInterval+time.Second)
+	// Only on the queues not paused: an insert into a paused queue wakes nobody. Expires three
+	// polls from now: refreshed at every poll while waiting, gone soon after the worker is.
+	queues, key := p.queues.waitable(p.cfg.Queues)
+	err := store.RegisterWaiter(sctx, p.control(), p.waiterID, queues, 3*p.cfg.PollInterval+time.Second)
 	if err != nil {
 		if ctx.Err() == nil {
 			p.log.WarnContext(ctx, "registering as waiting for work failed; polling instead", slog.Any("err", err))
@@ -286,7 +301,7 @@ func (w *waiting) register(ctx context.Context) bool {
 	if !w.registered {
 		w.rechecks = 0
 	}
-	w.registered = true
+	w.registered, w.key = true, key
 	return true
 }
 
@@ -305,10 +320,14 @@ func (w *waiting) unregister() {
 	}
 }
 
-func (p *Pool) jitteredPoll() time.Duration {
-	d := p.cfg.PollInterval
-	return d - d/10 + time.Duration(rand.Int64N(int64(d)/5+1))
+// jitteredPoll is the time to the next poll: between 80% and 100% of PollInterval, never more,
+// so that what a poll bounds (a job behind the cursor, a registration's race) is bounded by
+// PollInterval as configured.
+func jitteredPoll(d time.Duration) time.Duration {
+	return d - time.Duration(rand.Int64N(int64(d)/5+1))
 }
+
+func (p *Pool) jitteredPoll() time.Duration { return jitteredPoll(p.cfg.PollInterval) }
 
 // claim leases up to limit jobs and starts them: first from each active capped queue, holding
 // that queue's row, as much as its cap leaves room for; then from the active uncapped queues in one
@@ -367,8 +386,11 @@ type claimScan struct {
 	queue    string
 	after    *store.ClaimCursor
 	lastFull time.Time
-	fullCost time.Duration // how long the last claim from the front took
-	side     bool          // a claim from the front runs beside the others
+	// pollFired: the poll fired since the last claim from the front began, so the next claim
+	// starts from the front (see frontDue).
+	pollFired bool
+	fullCost  time.Duration // how long the last claim from the front took
+	side      bool          // a claim from the front runs beside the others
 	// gen counts the times a claim from the front beside the others took the cursor back: a
 	// claim past the cursor that began before does not move it on.
 	gen uint64
@@ -391,11 +413,32 @@ const cursorLag = 100 * time.Millisecond
 
 // fullEvery is how often a claim starts from the front: twenty times what such a claim costs,
 // so that it takes at most about 5% of the claim loop's time, however many dead index entries an
-// old snapshot keeps at the front; at least every 10ms, and at least once per poll interval, so
-// that no runnable job waits behind the cursor longer than a poll.
+// old snapshot keeps at the front; at least every 10ms, and at most once per poll interval (the
+// poll itself makes one due: see frontDue).
 func (sc *claimScan) fullEvery(poll time.Duration) time.Duration {
 	return min(max(20*sc.fullCost, cmp.Or(sc.everyFloor, fullEveryFloor)), poll)
 }
+
+// polled records that the poll fired: the next claim starts from the front.
+func (sc *claimScan) polled() {
+	sc.mu.Lock()
+	sc.pollFired = true
+	sc.mu.Unlock()
+}
+
+// frontDue reports whether the next claim starts from the front: fullEvery has passed since the
+// last one began, or the poll has fired since. Not the time alone: the poll is jittered, and an
+// idle worker claims only when woken or polled, so a poll that came a little sooner than
+// fullEvery would leave a job behind the cursor to the poll after (almost two poll intervals).
+// With the poll, it waits at most one (jitteredPoll is never longer), plus the claim's own time.
+// Called with sc.mu held.
+func (sc *claimScan) frontDue(now time.Time, poll time.Duration) bool {
+	return sc.pollFired || now.Sub(sc.lastFull) >= sc.fullEvery(poll)
+}
+
+// frontBegins records that a claim from the front begins: the poll that made it due is served.
+// Called with sc.mu held.
+func (sc *claimScan) frontBegins() { sc.pollFired = false }
 
 // frontBesideCost is what a claim from the front must cost before it runs beside the claims past
 // the cursor rather than in their place. Below it, a claim from the front every fullEvery stalls
@@ -420,10 +463,11 @@ func (sc *claimScan) beside(p *Pool) bool {
 func (sc *claimScan) besideDue(p *Pool) (string, bool) {
 	sc.mu.Lock()
 	defer sc.mu.Unlock()
-	if sc.after == nil || sc.side || !sc.beside(p) || time.Since(sc.lastFull) < sc.fullEvery(p.cfg.PollInterval) {
+	if sc.after == nil || sc.side || !sc.beside(p) || !sc.frontDue(time.Now(), p.cfg.PollInterval) {
 		return "", false
 	}
 	sc.side = true
+	sc.frontBegins()
 	return sc.queue, true
 }
 
@@ -467,7 +511,7 @@ func (p *Pool) claimUncapped(sctx context.Context, queues []string, limit int) (
 	sc.mu.Lock()
 	gen := sc.gen
 	if single && sc.queue == queues[0] && sc.after != nil &&
-		(time.Since(sc.lastFull) < sc.fullEvery(p.cfg.PollInterval) || sc.beside(p)) {
+		(!sc.frontDue(time.Now(), p.cfg.PollInterval) || sc.beside(p)) {
 		// Past the last job claimed, and cursorLag behind it within its priority: an insert whose
 		// transaction began before that job's (run_at is its transaction's start) but committed
 		// after the claim lands just behind it, and is found now rather than at the next claim
@@ -479,6 +523,9 @@ func (p *Pool) claimUncapped(sctx context.Context, queues []string, limit int) (
 	}
 	if single && sc.queue != queues[0] {
 		sc.queue, sc.after, sc.passed = queues[0], nil, nil
+	}
+	if single && params.After == nil {
+		sc.frontBegins()
 	}
 	sc.mu.Unlock()
 	began := time.Now()

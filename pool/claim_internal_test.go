@@ -131,3 +131,103 @@ func TestClaimFromFrontBesideTakesCursorBack(t *testing.T) {
 		t.Fatal("no claim from the front took the cursor back")
 	}
 }
+
+// An idle worker claims only when polled or woken (by an insert into its queue, served by a claim
+// past the cursor). With claims from the front slow, so that fullEvery is the poll interval
+// itself, each job committed behind the cursor is found by a claim from the front that begins
+// within one poll interval as configured of its commit, whatever the poll's jitter: the gap
+// between two such claims never exceeds PollInterval. On a fake clock, with the claim loop's
+// decisions (frontDue, frontBegins, polled) and its jitter.
+func TestJobBehindCursorWaitsAtMostOnePoll(t *testing.T) {
+	const poll = time.Second
+	sc := &claimScan{after: &store.ClaimCursor{}, fullCost: time.Second}
+	if sc.fullEvery(poll) != poll {
+		t.Fatalf("fullEvery %s, want the poll interval", sc.fullEvery(poll))
+	}
+	now := time.Unix(1e9, 0)
+	sc.lastFull = now
+	last := now // the last claim from the front began
+	worst := time.Duration(0)
+	claim := func() { // what claimUncapped and besideDue decide at now
+		if !sc.frontDue(now, poll) {
+			return // past the cursor
+		}
+		sc.frontBegins()
+		sc.lastFull = now // the claim succeeded: began is when it was decided
+		worst, last = max(worst, now.Sub(last)), now
+	}
+	for i := range 20000 {
+		gap := jitteredPoll(poll)
+		if gap > poll || gap < poll-poll/5 {
+			t.Fatalf("a poll after %s: want between 80%% and 100%% of %s", gap, poll)
+		}
+		if i%3 == 0 { // an insert wakes the worker between two polls
+			now = now.Add(gap / 3)
+			claim()
+			now = now.Add(gap - gap/3)
+		} else {
+			now = now.Add(gap)
+		}
+		sc.polled()
+		claim()
+	}
+	if worst > poll {
+		t.Fatalf("a job behind the cursor could wait %s for a claim from the front, more than the poll interval %s", worst, poll)
+	}
+}
+
+// End to end, on an idle worker whose claims from the front are due only once per poll interval
+// (as when they are slow): jobs of a higher priority than the cursor's, inserted one at a time,
+// each start within one poll interval plus a generous margin.
+func TestHigherPriorityBehindCursorWithinOnePoll(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	const poll = 500 * time.Millisecond
+	p, err := New(db, Config{Concurrency: 4, PollInterval: poll, WaitAfter: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.scan.everyFloor = poll // fullEvery is the poll interval
+	started := make(chan int64, 100)
+	if err := p.Register("k", HandlerFunc(func(_ context.Context, j *Job) error {
+		started <- j.ID
+		return nil
+	})); err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); p.Run(rctx) }()
+	defer func() { cancel(); <-done }()
+	for range 5 { // they set the cursor
+		if _, err := Insert(ctx, db, "k", nil, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 5 {
+		<-started
+	}
+	worst := time.Duration(0)
+	for i := range 6 {
+		// Each ahead of the last: from the front, the cursor goes to the job found.
+		id, err := Insert(ctx, db, "k", nil, &InsertOpts{Priority: int16(-1 - i)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		inserted := time.Now()
+		select {
+		case got := <-started:
+			if got != id {
+				t.Fatalf("job %d started, want %d", got, id)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("a job behind the cursor never started")
+		}
+		worst = max(worst, time.Since(inserted))
+	}
+	t.Logf("worst wait %s", worst)
+	if worst > poll+poll/2 {
+		t.Fatalf("a job behind the cursor waited %s, want at most about one poll interval (%s)", worst, poll)
+	}
+}

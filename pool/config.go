@@ -55,8 +55,10 @@ type Config struct {
 	LeaseSafetyMargin time.Duration
 	// RescueInterval between passes that take back expired leases. Default HeartbeatInterval.
 	RescueInterval time.Duration
-	// PollInterval between claim attempts when no notification arrives (jittered by ±10%).
-	// Default 1s.
+	// PollInterval between claim attempts when no notification arrives (jittered between 80% and
+	// 100% of it, never longer). Each poll also makes the next claim start from the front of the
+	// queue, so that no runnable job waits behind the claim cursor longer than PollInterval (plus
+	// that claim's own time). Default 1s.
 	PollInterval time.Duration
 	// IdlePollInterval is how often a worker that just ran out of work claims again, until it has
 	// found nothing for WaitAfter. Default 1ms.

@@ -143,6 +143,28 @@ func (v *queueView) plan(queues []string) claimPlan {
 	return cp
 }
 
+// waitable returns the queues of queues a worker may wait for work on by the view (those not
+// paused), and a key that changes whenever that set, or which of them are capped, changes.
+func (v *queueView) waitable(queues []string) ([]string, string) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	out := make([]string, 0, len(queues)) // never nil: none is an empty array, not NULL
+	var key strings.Builder
+	for _, q := range queues {
+		row := v.rows[q]
+		if row.Paused() {
+			continue
+		}
+		out = append(out, q)
+		key.WriteString(q)
+		if row.MaxRunning != nil {
+			key.WriteString("\x00capped")
+		}
+		key.WriteByte(0xff) // never in a queue name (valid UTF-8)
+	}
+	return out, key.String()
+}
+
 // anyCapped reports whether any of the pool's queues is capped in the view.
 func (v *queueView) anyCapped() bool {
 	v.mu.Lock()

@@ -157,3 +157,83 @@ func TestFailedRegistrationDoesNotSpin(t *testing.T) {
 	insert(t, db, "noop", nil, nil)
 	b.events.wait(t, 1, 10*time.Second) // found by the poll
 }
+
+// A worker waits, and is notified, only for the queues it could claim from now: inserts into a
+// paused queue, or into a capped queue at its cap, send no notification however many there are
+// (each would make its transaction a notifying one). Room freed in the capped queue by a job
+// finishing elsewhere (here a plain UPDATE, as another worker's outcome) wakes it at once, and
+// so does a resume: the poll is a minute away.
+func TestNoWakeUpsForQueuesItCannotClaim(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	db := pgtest.PoolFor(t, url)
+	ctx := context.Background()
+	count := listen(t, url)
+	if _, err := pool.PauseQueue(ctx, db, "held"); err != nil {
+		t.Fatal(err)
+	}
+	if err := pool.SetQueueMaxRunning(ctx, db, "capped", 1); err != nil {
+		t.Fatal(err)
+	}
+	// Another worker runs the capped queue's one job.
+	other := insert(t, db, "noop", nil, &pool.InsertOpts{Queue: "capped"})
+	if _, err := db.Exec(ctx, `UPDATE leash.jobs SET state = 'running', attempt = 1, attempted_at = now(),
+		lease_token = nextval('leash.lease_tokens'), leased_by = 'other', lease_expires_at = now() + interval '1 hour'
+		WHERE id = $1`, other); err != nil {
+		t.Fatal(err)
+	}
+	cfg := fastConfig()
+	cfg.Queues = []string{"open", "held", "capped"}
+	cfg.PollInterval, cfg.WaitAfter = time.Minute, 20*time.Millisecond
+	started := make(chan string, 100)
+	p, _ := setup(t, db, cfg, map[string]pool.Handler{"noop": pool.HandlerFunc(func(ctx context.Context, j *pool.Job) error {
+		started <- j.Queue
+		return nil
+	})})
+	start(t, p)
+	registered := func() string {
+		var qs string
+		db.QueryRow(ctx, `SELECT coalesce(string_agg(queue, ',' ORDER BY queue), '') FROM leash.waiters WHERE expires_at > now()`).Scan(&qs)
+		return qs
+	}
+	waitFor(t, 10*time.Second, func() bool { return registered() == "capped,open" })
+	count()
+	for range 20 {
+		insert(t, db, "noop", nil, &pool.InsertOpts{Queue: "held"})
+		insert(t, db, "noop", nil, &pool.InsertOpts{Queue: "capped"})
+	}
+	if n := count(); n != 0 {
+		t.Fatalf("%d notifications for inserts into a paused queue and a capped one at its cap", n)
+	}
+	expect := func(queue, why string) {
+		t.Helper()
+		select {
+		case q := <-started:
+			if q != queue {
+				t.Fatalf("%s: a job of %s started, want %s", why, q, queue)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s: no job started within 5s (the poll is a minute)", why)
+		}
+	}
+	insert(t, db, "noop", nil, &pool.InsertOpts{Queue: "open"})
+	expect("open", "an insert into a queue with room")
+	waitFor(t, 10*time.Second, func() bool { return registered() == "capped,open" })
+	// Past the claims that follow a registration (at 1, 2, 4, ... 32 ms): only a wake-up or the
+	// poll claims again.
+	time.Sleep(200 * time.Millisecond)
+	if _, err := db.Exec(ctx, `UPDATE leash.jobs SET state = 'completed', finished_at = now(),
+		lease_token = NULL, leased_by = NULL, lease_expires_at = NULL WHERE id = $1`, other); err != nil {
+		t.Fatal(err)
+	}
+	expect("capped", "room freed in the capped queue") // and the rest follow, one at a time
+	for range 19 {
+		expect("capped", "the capped queue's next job")
+	}
+	if _, err := pool.ResumeQueue(ctx, db, "held"); err != nil {
+		t.Fatal(err)
+	}
+	for range 20 {
+		expect("held", "resumed")
+	}
+}

@@ -7,12 +7,15 @@ import (
 )
 
 // RegisterWaiter records that waiter waits for work on queues until ttl from now (database
-// clock), so that inserts into those queues notify job_available. It also clears registrations
-// that expired long ago (dead workers). Calling it again refreshes the registration.
+// clock), so that inserts into those queues notify job_available (while the queue has room: see
+// sql/014_privileges.sql), and removes its registrations for other queues. It also clears
+// registrations that expired long ago (dead workers). Calling it again refreshes the
+// registration.
 func RegisterWaiter(ctx context.Context, db DBTX, waiter string, queues []string, ttl time.Duration) error {
 	_, err := db.Exec(ctx, `
 		WITH gone AS (
-			DELETE FROM leash.waiters WHERE expires_at < now() - interval '10 minutes'
+			DELETE FROM leash.waiters
+			WHERE expires_at < now() - interval '10 minutes' OR (waiter = $1 AND queue <> ALL($2::text[]))
 		)
 		INSERT INTO leash.waiters (queue, waiter, expires_at)
 		SELECT q, $1, now() + $3 * interval '1 millisecond' FROM unnest($2::text[]) AS q
