@@ -96,7 +96,7 @@ func TestScheduledInsertDoesNotNotify(t *testing.T) {
 
 // fullQueueShim makes pg_notification_queue_usage() read shim.usage (a session setting; 0 when
 // unset) in sessions whose search_path starts with schema shim and inside every function of
-// schema leash that runs with its caller's rights (their search_path is pinned, so the shim goes
+// schema leash (their search_path is pinned, so the shim goes
 // into their own setting), in url's database only: the real queue cannot be filled in a test.
 func fullQueueShim(t *testing.T, url string) {
 	t.Helper()
@@ -106,7 +106,7 @@ func fullQueueShim(t *testing.T, url string) {
 		DO $$
 		DECLARE f regprocedure;
 		BEGIN
-			FOR f IN SELECT p.oid::regprocedure FROM pg_proc p WHERE p.pronamespace = 'leash'::regnamespace AND NOT p.prosecdef LOOP
+			FOR f IN SELECT p.oid::regprocedure FROM pg_proc p WHERE p.pronamespace = 'leash'::regnamespace LOOP
 				EXECUTE format('ALTER FUNCTION %s SET search_path = shim, pg_catalog, pg_temp', f);
 			END LOOP;
 		END $$`)
