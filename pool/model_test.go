@@ -301,6 +301,8 @@ type model struct {
 	started map[[2]int64]bool
 	hostile map[int64]*mhostile // by id
 
+	stranger *mstranger // a role without grants (model_stranger_test.go), once drawn
+
 	pools    []*mpool
 	nextPool int
 	lastStop time.Time
@@ -769,6 +771,8 @@ func (m *model) step(ctx context.Context) {
 		m.opShutdown()
 	case w < 90:
 		m.opHostile(ctx) // its own stream: the draws above replay as before
+	case w < 93:
+		m.opStranger(ctx) // its own stream too
 	}
 }
 
