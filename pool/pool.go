@@ -392,16 +392,25 @@ func (p *Pool) poke(ch chan struct{}) {
 }
 
 // ensureQueues creates the rows of the pool's queues in leash.queues before the first claim, and
-// refuses to start when the pool's role may not: claims take a queue only through its row, so
-// the queues would never run. Any other failure (the database not reachable yet) is left to the
-// claim loop, which creates missing rows before it claims.
+// refuses to start when the pool's role may not use them: claims take a queue only through its
+// row (reading it, locking it, which takes the UPDATE privilege, and reading the change hint), so
+// the queues would never run. Any other failure (the database not reachable yet, a row another
+// client is inserting) is left to the claim loop, which creates missing rows before it claims.
 func (p *Pool) ensureQueues(ctx context.Context) error {
 	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	err := store.EnsureQueues(sctx, p.control(), p.cfg.Queues)
-	var pe *pgconn.PgError
-	if errors.As(err, &pe) && pe.Code == "42501" {
-		return fmt.Errorf("pool: %w (the workers' role needs GRANT SELECT, INSERT, UPDATE ON leash.queues)", err)
+	var ok bool
+	err := p.control().QueryRow(sctx, `
+		SELECT pg_catalog.has_table_privilege('leash.queues', 'SELECT')
+		   AND pg_catalog.has_table_privilege('leash.queues', 'INSERT')
+		   AND pg_catalog.has_any_column_privilege('leash.queues', 'UPDATE')
+		   AND pg_catalog.has_sequence_privilege('leash.queue_change_hint', 'SELECT')`).Scan(&ok)
+	if err == nil && !ok {
+		return fmt.Errorf("pool: the role may not use leash.queues: grant it SELECT, INSERT, UPDATE ON leash.queues " +
+			"and SELECT ON SEQUENCE leash.queue_change_hint (README, Privileges)")
+	}
+	if err := store.EnsureQueues(sctx, p.control(), p.cfg.Queues); err != nil {
+		p.log.WarnContext(ctx, "creating the rows of the pool's queues failed; the claim loop tries again", slog.Any("err", err))
 	}
 	return nil
 }

@@ -104,7 +104,8 @@ func truncateForError(s string) string {
 
 // queueView is the pool's view of leash.queues for its own queues.
 type queueView struct {
-	stale atomic.Bool // re-read before the next claim
+	stale    atomic.Bool // re-read before the next claim
+	ensuring atomic.Bool // missing rows are being created (ensureMissing)
 
 	mu     sync.Mutex
 	rows   map[string]store.QueueControl
@@ -203,11 +204,7 @@ func (p *Pool) refreshQueues(ctx context.Context) {
 	defer cancel()
 	rows, err := store.QueueControls(sctx, p.control(), p.cfg.Queues)
 	if err == nil && len(rows) < len(p.cfg.Queues) {
-		// Claims take a queue only through its row: create the missing ones (active, uncapped),
-		// then read again what any client wrote meanwhile.
-		if err = store.EnsureQueues(sctx, p.control(), p.cfg.Queues); err == nil {
-			rows, err = store.QueueControls(sctx, p.control(), p.cfg.Queues)
-		}
+		p.ensureMissing(ctx, rows)
 	}
 	if err != nil {
 		if ctx.Err() == nil && !errors.Is(err, context.Canceled) {
@@ -228,9 +225,37 @@ func (p *Pool) refreshQueues(ctx context.Context) {
 	}
 }
 
-// onQueueChanged handles a queue_changed notification (any payload: it only triggers a re-read).
+// ensureMissing creates, in the background, the rows of the pool's queues that rows lacks:
+// claims take a queue only through its row. Creating a row may wait (up to 100ms, for a row
+// another client is inserting), so it is never on the claim path: the queues that have rows are
+// claimed meanwhile. Once it is done the view is read again and the claim loop woken.
+func (p *Pool) ensureMissing(ctx context.Context, rows map[string]store.QueueControl) {
+	var missing []string
+	for _, q := range p.cfg.Queues {
+		if _, ok := rows[q]; !ok {
+			missing = append(missing, q)
+		}
+	}
+	if !p.queues.ensuring.CompareAndSwap(false, true) {
+		return // one at a time; the next refresh tries again
+	}
+	go func() {
+		defer p.queues.ensuring.Store(false)
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if err := store.EnsureQueues(sctx, p.control(), missing); err != nil && ctx.Err() == nil {
+			p.log.WarnContext(ctx, "creating the rows of the pool's queues failed; tried again at the next read",
+				slog.Any("queues", missing), slog.Any("err", err))
+		}
+		p.queues.stale.Store(true)
+		p.poke(p.wake)
+	}()
+}
+
+// onQueueChanged handles a queue_changed notification (any payload: it only triggers a re-read;
+// "*" concerns every queue).
 func (p *Pool) onQueueChanged(name string) {
-	if slices.Contains(p.cfg.Queues, name) {
+	if name == "*" || slices.Contains(p.cfg.Queues, name) { // "*": the table was truncated
 		p.queues.stale.Store(true)
 		p.poke(p.wake)
 	}

@@ -1,12 +1,102 @@
--- leash 010: the waiting hint is serialized by a row lock that only its owner can take, instead of
--- an advisory lock that any role able to connect could hold (pg_advisory_lock needs no grant):
--- a stranger holding that key made every registration wait a second and fail, and every idle
--- worker fell back to polling. Claims no longer take an advisory lock either: a capped queue's
--- claims are serialized by the queue's row in leash.queues, which only roles allowed to UPDATE
--- that table can lock (see the claim statements).
--- Safe to apply while workers of the previous release run: they register with the same
--- statements and fire the same trigger, whose function changes here; they still take the old
--- advisory lock for their capped claims, which serializes them among themselves as before.
+-- leash 010: queue changes bind from their commit, and no role without grants can stall claims.
+-- Claims now take their queue's row in leash.queues (FOR SHARE, or FOR UPDATE for a capped
+-- queue; see the claim statements): a change to the row waits for the claims in flight, and the
+-- claims after it read its new version. This migration adds what that needs on the table's side:
+-- rows a worker creates for the queues it serves are marked, so that an operator's plain INSERT
+-- of such a queue's row still works; a hint that makes new claims stand back while a change
+-- waits for the row (share locks never queue behind a waiting writer, so a busy queue could
+-- otherwise not be paused); a notification when the table is truncated. And the waiting hint is
+-- serialized by a row lock only its owner can take, instead of an advisory lock that any role able
+-- to connect could hold (pg_advisory_lock needs no grant): a stranger holding that key made every
+-- registration wait a second and fail, and every idle worker fell back to polling.
+-- Safe to apply while workers of the previous release run: 0.2.0 has no leash.queues, and its
+-- workers register with the same statements and fire the same trigger on leash.waiters, whose
+-- function changes here. The column is added with a constant default (a catalog change, no
+-- rewrite); the triggers take a brief lock on leash.queues only.
+
+-- A row a worker created for a queue it serves (what "no row" means: active, uncapped), rather
+-- than one written by an operator. Such a row, while it still holds nothing else, gives way to an
+-- operator's INSERT of the queue's row (below).
+ALTER TABLE leash.queues ADD COLUMN IF NOT EXISTS implicit boolean NOT NULL DEFAULT false;
+
+-- When a change to leash.queues began waiting for its rows, in milliseconds since the epoch; 0
+-- while none waits. Claims of uncapped queues take no row while it is recent (half a second): a
+-- FOR SHARE request is granted at once while others share the row, even when a writer waits, so
+-- claims overlapping without a gap would hold off the change for ever. Set and cleared by the
+-- triggers below, which run with their owner's rights; workers read it in their claims.
+CREATE SEQUENCE IF NOT EXISTS leash.queue_change_hint AS bigint MINVALUE 0 START 0;
+
+REVOKE ALL ON SEQUENCE leash.queue_change_hint FROM PUBLIC;
+
+-- Marks that a change to leash.queues is about to wait for rows (BEFORE), and that it has them
+-- (AFTER: the statement has locked and changed its rows; later claims skip those rows until it
+-- commits). A statement that fails never clears the hint, which then runs out on its own. Of two
+-- changes at once, the first to finish clears the other's hint too: the other has been waiting
+-- behind fewer claims since, and claims after it only delay it by their own length.
+CREATE OR REPLACE FUNCTION leash.queue_change_begins() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF TG_WHEN = 'BEFORE' THEN
+        PERFORM setval('leash.queue_change_hint', greatest(1, (extract(epoch FROM clock_timestamp()) * 1000)::bigint));
+    ELSE
+        PERFORM setval('leash.queue_change_hint', 0, true);
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+REVOKE ALL ON FUNCTION leash.queue_change_begins() FROM PUBLIC;
+
+DROP TRIGGER IF EXISTS queues_change_begins ON leash.queues;
+CREATE TRIGGER queues_change_begins BEFORE UPDATE OR DELETE ON leash.queues
+    FOR EACH STATEMENT EXECUTE FUNCTION leash.queue_change_begins();
+
+DROP TRIGGER IF EXISTS queues_change_done ON leash.queues;
+CREATE TRIGGER queues_change_done AFTER UPDATE OR DELETE ON leash.queues
+    FOR EACH STATEMENT EXECUTE FUNCTION leash.queue_change_begins();
+
+-- An INSERT of a queue's row by anyone but a worker (pause_queue, SetQueueMaxRunning, an
+-- operator's plain INSERT) first removes the row a worker created for that queue, if it still
+-- holds nothing else: the INSERT then takes effect as it would have on a table without that row,
+-- and the DELETE waits for the claims holding the old row, as any change does. A worker's own
+-- INSERT (implicit) never removes anything.
+CREATE OR REPLACE FUNCTION leash.queue_replaces_implicit() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF NOT NEW.implicit AND EXISTS (
+        SELECT FROM leash.queues q
+        WHERE q.name OPERATOR(pg_catalog.=) NEW.name AND q.implicit
+          AND q.paused_at IS NULL AND q.max_running IS NULL) THEN
+        -- The DELETE's own statement triggers raise and clear the hint around its wait.
+        DELETE FROM leash.queues q
+        WHERE q.name OPERATOR(pg_catalog.=) NEW.name AND q.implicit
+          AND q.paused_at IS NULL AND q.max_running IS NULL;
+    END IF;
+    RETURN NEW;
+END;
+$$;
+
+REVOKE ALL ON FUNCTION leash.queue_replaces_implicit() FROM PUBLIC;
+
+DROP TRIGGER IF EXISTS queues_replace_implicit ON leash.queues;
+CREATE TRIGGER queues_replace_implicit BEFORE INSERT ON leash.queues
+    FOR EACH ROW EXECUTE FUNCTION leash.queue_replaces_implicit();
+
+-- TRUNCATE fires no row trigger: tell every worker to read the table again ('*': all queues), so
+-- that they create their rows again at once rather than at their next poll.
+CREATE OR REPLACE FUNCTION leash.notify_queues_truncated() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF pg_notification_queue_usage() <= 0.5 THEN
+        PERFORM pg_notify('queue_changed', '*');
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+DROP TRIGGER IF EXISTS queues_truncated ON leash.queues;
+CREATE TRIGGER queues_truncated AFTER TRUNCATE ON leash.queues
+    FOR EACH STATEMENT EXECUTE FUNCTION leash.notify_queues_truncated();
 
 -- One row, locked by every change of the registrations for as long as it takes to set the hint.
 -- Nobody but its owner may read, lock or change it.

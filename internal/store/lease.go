@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"strconv"
 	"strings"
 	"time"
 
@@ -181,11 +183,19 @@ const claimSQL = `
 // claims that come after it skip the row (SKIP LOCKED: they take nothing of the queue) until it
 // has committed or rolled back, then lock its new version, which READ COMMITTED re-reads however
 // old the claim's snapshot. So no claim that read the old setting commits after a pause or cap
-// does: both are exact from their commit. A queue without a row is not claimed by this statement;
-// the pool creates the rows of its queues (EnsureQueues) before it claims. Locking the row takes
-// the UPDATE privilege on leash.queues, which roles without grants lack: they cannot hold the
-// row, and so cannot stall claims.
-const queueGateSQL = `SELECT FROM leash.queues q WHERE q.name = $1 AND q.paused_at IS NULL AND q.max_running IS NULL FOR SHARE SKIP LOCKED`
+// does: both are exact from their commit. A FOR SHARE request is granted at once while other
+// claims share the row, even when a change waits for it: while a change waits (queueChangeHintSQL)
+// claims take no row, so that a busy queue can still be paused. A queue without a row is not
+// claimed by this statement; the pool creates the rows of its queues (EnsureQueues) before it
+// claims. Locking the row takes the UPDATE privilege on leash.queues, which roles without grants
+// lack: they cannot hold the row, and so cannot stall claims.
+var queueGateSQL = `SELECT FROM leash.queues q WHERE q.name = $1 AND q.paused_at IS NULL AND q.max_running IS NULL AND ` +
+	queueChangeHintSQL + ` FOR SHARE SKIP LOCKED`
+
+// queueChangeHintSQL is true unless a change to leash.queues has been waiting for its rows for
+// less than half a second (see migration 010): a change waits for the claims holding the row
+// only, never for those that would come after it.
+const queueChangeHintSQL = `(SELECT h.last_value FROM leash.queue_change_hint h) < (extract(epoch FROM now()) * 1000)::bigint - 500`
 
 // The claim of uncapped queues takes only queues whose leash.queues row neither pauses nor caps
 // them (see queueGateSQL). A capped queue is claimed by ClaimCapped instead.
@@ -231,7 +241,7 @@ var (
 	claimManyQueuesSQL = fmt.Sprintf(`
 	WITH gate AS (
 		SELECT q.name FROM leash.queues q
-		WHERE q.name = ANY($1::text[]) AND q.paused_at IS NULL AND q.max_running IS NULL
+		WHERE q.name = ANY($1::text[]) AND q.paused_at IS NULL AND q.max_running IS NULL AND `+queueChangeHintSQL+`
 		FOR SHARE SKIP LOCKED
 	), heads AS (
 		SELECT h.id, h.ctid, h.priority, h.run_at
@@ -254,9 +264,11 @@ var (
 // so a capped queue never delays the claims of the worker's other queues. Holding the row takes
 // the UPDATE privilege on leash.queues: a role without grants cannot stall the queue. What the
 // statement returns says whether the row was taken; it also marks the transaction so that the
-// claim that follows takes nothing unless it was (set_config runs only for the row locked).
+// claim that follows takes nothing unless it was: set_config runs only for the row locked, and
+// sets $2, a value drawn for this claim alone, so that no value a session or role starts with
+// can pass for the mark.
 const lockQueueRowSQL = `
-	SELECT pg_catalog.set_config('leash.capped_claim', 'locked', true)
+	SELECT pg_catalog.set_config('leash.capped_claim', $2, true)
 	FROM (SELECT FROM leash.queues q WHERE q.name = $1 FOR UPDATE SKIP LOCKED) AS locked`
 
 // claimCappedSQL claims from one capped or paused queue. It runs after lockQueueRowSQL in the
@@ -273,7 +285,7 @@ var claimCappedSQL = strings.Replace(strings.Replace(claimSQL,
 		                SELECT count(*) FROM leash.jobs r WHERE r.queue = $1 AND r.state = 'running')::int))
 		       END AS n
 		FROM leash.queues q
-		WHERE q.name = $1 AND current_setting('leash.capped_claim', true) = 'locked'
+		WHERE q.name = $1 AND pg_catalog.current_setting('leash.capped_claim', true) = $5::text
 	), picked AS (`, 1),
 	"LIMIT $2", "LIMIT (SELECT coalesce(min(n), 0) FROM room)", 1)
 
@@ -295,8 +307,9 @@ func ClaimCapped(ctx context.Context, db Batcher, p ClaimParams) ([]ClaimedJob, 
 	q := p.Queues[0]
 	b := &pgx.Batch{}
 	b.Queue(`BEGIN ISOLATION LEVEL READ COMMITTED, READ WRITE`)
-	b.Queue(lockQueueRowSQL, q)
-	b.Queue(claimCappedOneSQL, q, p.Limit, p.WorkerID, millis(p.Lease))
+	mark := strconv.FormatUint(rand.Uint64(), 36)
+	b.Queue(lockQueueRowSQL, q, mark)
+	b.Queue(claimCappedOneSQL, q, p.Limit, p.WorkerID, millis(p.Lease), mark)
 	b.Queue(`COMMIT`)
 	br := db.SendBatch(ctx, b)
 	defer br.Close()
@@ -323,24 +336,38 @@ func ClaimCapped(ctx context.Context, db Batcher, p ClaimParams) ([]ClaimedJob, 
 	if err := br.Close(); err != nil {
 		return nil, fmt.Errorf("claim jobs of capped queue %q: %w", q, err)
 	}
-	if !locked {
+	if !locked && len(jobs) == 0 {
 		return nil, fmt.Errorf("claim jobs of capped queue %q: %w", q, ErrQueueBusy)
 	}
-	return jobs, nil
+	return jobs, nil // leased: the caller starts them, whatever else happened
 }
 
-// EnsureQueues creates a row in leash.queues (active, uncapped) for each of names that has none:
-// claims take a queue only through its row (see queueGateSQL). A row another client is
-// inserting meanwhile is waited for, and left as that client wrote it.
+// EnsureQueues creates a row in leash.queues (active, uncapped, marked implicit) for each of
+// names that has none: claims take a queue only through its row (see queueGateSQL). Each row is
+// created by a statement of its own and never waited for long: a row another client is
+// inserting and has not committed (an open BEGIN; SELECT leash.pause_queue(...) in psql) is left
+// to that client, and the others are created all the same. It returns the first error, having
+// tried every name.
 func EnsureQueues(ctx context.Context, db DBTX, names []string) error {
-	if _, err := db.Exec(ctx, `
-		INSERT INTO leash.queues (name) SELECT DISTINCT n FROM unnest($1::text[]) AS u(n)
-		WHERE NOT EXISTS (SELECT FROM leash.queues q WHERE q.name = u.n)
-		ORDER BY n
-		ON CONFLICT (name) DO NOTHING`, names); err != nil {
-		return fmt.Errorf("create the control rows of queues %q in leash.queues: %w", names, err)
+	var first error
+	seen := make(map[string]bool, len(names))
+	for _, n := range names {
+		if seen[n] {
+			continue
+		}
+		seen[n] = true
+		// lock_timeout is set by the statement itself, for its own (implicit) transaction: the
+		// INSERT waits for a conflicting row another transaction is inserting.
+		_, err := db.Exec(ctx, `
+			WITH bounded AS (SELECT pg_catalog.set_config('lock_timeout', '100ms', true))
+			INSERT INTO leash.queues (name, implicit) SELECT $1, true FROM bounded
+			WHERE NOT EXISTS (SELECT FROM leash.queues q WHERE q.name = $1)
+			ON CONFLICT (name) DO NOTHING`, n)
+		if err != nil && first == nil {
+			first = fmt.Errorf("create the control row of queue %q in leash.queues: %w", n, err)
+		}
 	}
-	return nil
+	return first
 }
 
 // Claim leases up to p.Limit runnable jobs in one statement, in priority, run_at, id order,
