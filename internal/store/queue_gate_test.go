@@ -42,8 +42,6 @@ func runningOf(t *testing.T, db *pgxpool.Pool, queue string) int64 {
 	return n
 }
 
-
-
 // The capped claim takes nothing unless it took the queue's row, whatever a session starts with:
 // its mark is a value drawn for each claim, so ALTER ROLE ... IN DATABASE ... SET
 // leash.capped_claim = 'locked' cannot pass for it. (With a fixed mark, a claim that did not get
@@ -262,7 +260,6 @@ func TestPauseNotStarvedByClaims(t *testing.T) {
 	}
 }
 
-
 // A capped claim whose claim statement fails inside the batch's explicit transaction leaves the
 // connection in a failed transaction block; the pool does not hand that connection out again.
 func TestFailedCappedClaimLeavesNoOpenTransaction(t *testing.T) {
@@ -332,7 +329,6 @@ func TestOneBadQueueNameStopsOnlyItself(t *testing.T) {
 	}
 }
 
-
 // set_config runs only for the row the subquery locked: the subquery keeps its LockRows node
 // under the projection (a subquery with FOR UPDATE is never pulled up), for custom and generic
 // plans. And a row whose queue was renamed by a committed UPDATE after the statement's snapshot
@@ -369,4 +365,3 @@ func TestCappedLockStatementPlan(t *testing.T) {
 		}
 	}
 }
-
