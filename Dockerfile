@@ -6,12 +6,14 @@
 # (WORKER_HTTP_ADDR=:8080 is not loopback only). Add -e OTEL_EXPORTER_OTLP_ENDPOINT=http://collector:4318
 # to export traces.
 # The binary is a module of its own (cmd/worker, with OpenTelemetry), built against the library
-# and the otel module of this tree.
+# and the otel module of this tree through the workspace (go.work), which takes every module's
+# go.mod: the go command reads them all before it builds.
 FROM golang:1.26-bookworm AS build
 WORKDIR /src
-COPY go.mod go.sum ./
+COPY go.work go.work.sum go.mod go.sum ./
 COPY otel/go.mod otel/go.sum ./otel/
 COPY cmd/worker/go.mod cmd/worker/go.sum ./cmd/worker/
+COPY bench/go.mod bench/go.sum ./bench/
 RUN cd cmd/worker && go mod download
 COPY . .
 RUN cd cmd/worker && CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/worker .

@@ -24,7 +24,7 @@ import (
 	"github.com/leashq/leash/internal/pgtest"
 	"github.com/leashq/leash/internal/store"
 	"github.com/leashq/leash/internal/syncbuf"
-	"github.com/leashq/leash/internal/version"
+	"github.com/leashq/leash/pool"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -109,8 +109,8 @@ func TestParseChangelog(t *testing.T) {
 // CHANGELOG.md lists this release first, and every release names its commit.
 func TestChangelogNamesThisRelease(t *testing.T) {
 	rels := changelog(t, repoRoot(t))
-	if len(rels) == 0 || rels[0].Version != version.Release {
-		t.Fatalf("CHANGELOG.md's newest release is %v; internal/version says %s", rels[:min(1, len(rels))], version.Release)
+	if len(rels) == 0 || rels[0].Version != pool.Release {
+		t.Fatalf("CHANGELOG.md's newest release is %v; pool.Release says %s", rels[:min(1, len(rels))], pool.Release)
 	}
 	for i := 1; i < len(rels); i++ {
 		if rels[i].Commit == "HEAD" {
@@ -297,7 +297,14 @@ func TestRollingUpgrade(t *testing.T) {
 			}
 			oldBin := filepath.Join(t.TempDir(), "worker-"+r.Version)
 			// Its own go.mod and go.sum, as released; the module cache serves the dependencies.
-			if err := goBuild(src, oldBin, "GOFLAGS=-mod=mod -buildvcs=false", "GOWORK=off"); err != nil {
+			// A release with a go.work builds its binary against its own library through it (its
+			// go.mod requires a version of the library the module proxy may not have); an older
+			// one replaced the library by its own tree in cmd/worker/go.mod.
+			env := []string{"GOFLAGS=-mod=mod -buildvcs=false", "GOWORK=off"}
+			if _, err := os.Stat(filepath.Join(src, "go.work")); err == nil {
+				env = []string{"GOFLAGS=-buildvcs=false", "GOWORK=" + filepath.Join(src, "go.work")}
+			}
+			if err := goBuild(src, oldBin, env...); err != nil {
 				t.Fatal(err)
 			}
 			rollingUpgrade(t, r, oldBin, headWorker(t))

@@ -11,10 +11,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
-	"github.com/jackc/pgx/v5"
-
-	"github.com/leashq/leash/internal/store"
 	"github.com/leashq/leash/pool"
 )
 
@@ -83,7 +81,7 @@ func cmdRevoke(ctx context.Context, e env, args []string, stdout, stderr io.Writ
 		return err
 	}
 	defer db.Close()
-	ok, err := store.Revoke(ctx, db, id, *reason)
+	ok, err := pool.RevokeJob(ctx, db, id, *reason)
 	if err != nil {
 		return err
 	}
@@ -113,7 +111,7 @@ func cmdStatus(ctx context.Context, e env, args []string, stdout io.Writer) erro
 	if id != 0 {
 		return jobStatus(ctx, db, id, stdout)
 	}
-	st, err := store.ReadStatus(ctx, db, 50)
+	st, err := pool.ReadStatus(ctx, db, pool.StatusParams{Running: 50, CountFinished: true})
 	if err != nil {
 		return err
 	}
@@ -148,19 +146,19 @@ func cmdStatus(ctx context.Context, e env, args []string, stdout io.Writer) erro
 }
 
 // jobStatus prints one job: its state, attempts, error and output.
-func jobStatus(ctx context.Context, db store.DBTX, id int64, stdout io.Writer) error {
-	j, err := store.GetJob(ctx, db, id)
-	if errors.Is(err, pgx.ErrNoRows) {
+func jobStatus(ctx context.Context, db pool.DB, id int64, stdout io.Writer) error {
+	j, err := pool.GetJob(ctx, db, id)
+	if errors.Is(err, pool.ErrJobNotFound) {
 		return fmt.Errorf("status: no job %d", id)
 	}
 	if err != nil {
 		return err
 	}
-	opt := func(s *string) string {
-		if s == nil {
+	opt := func(s string) string {
+		if s == "" {
 			return "-"
 		}
-		return *s
+		return s
 	}
 	when := func(t *time.Time) string {
 		if t == nil {
@@ -180,12 +178,25 @@ func jobStatus(ctx context.Context, db store.DBTX, id int64, stdout io.Writer) e
 	fmt.Fprintf(w, "attempted\t%s\n", when(j.AttemptedAt))
 	fmt.Fprintf(w, "finished\t%s\n", when(j.FinishedAt))
 	if j.RevokedAt != nil {
-		fmt.Fprintf(w, "revoked\t%s (%s)\n", when(j.RevokedAt), printable(store.CleanText(opt(j.RevokeReason), 200)))
+		fmt.Fprintf(w, "revoked\t%s (%s)\n", when(j.RevokedAt), printable(clip(opt(j.RevokeReason), 200)))
 	}
-	fmt.Fprintf(w, "last error\t%s\n", printable(store.CleanText(opt(j.LastError), 500)))
+	fmt.Fprintf(w, "last error\t%s\n", printable(clip(opt(j.LastError), 500)))
 	w.Flush()
-	fmt.Fprintf(stdout, "output:\n%s\n", terminalSafe(store.CleanText(opt(j.Output), 8<<10)))
+	fmt.Fprintf(stdout, "output:\n%s\n", terminalSafe(clip(opt(string(j.Output)), 8<<10)))
 	return nil
+}
+
+// clip cuts s to at most n bytes on a character boundary, saying how much it cut.
+func clip(s string, n int) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	if len(s) <= n {
+		return s
+	}
+	cut := n
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + fmt.Sprintf("… [%d more bytes cut]", len(s)-cut)
 }
 
 // terminalSafe drops control characters other than newline and tab from text written by

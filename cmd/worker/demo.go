@@ -16,8 +16,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"golang.org/x/term"
 
+	"github.com/leashq/leash/cmd/worker/internal/pgcluster"
 	"github.com/leashq/leash/handlers"
-	"github.com/leashq/leash/internal/pgcluster"
 	"github.com/leashq/leash/pool"
 )
 

@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leashq/leash/internal/pgtest"
-	"github.com/leashq/leash/internal/syncbuf"
+	"github.com/leashq/leash/cmd/worker/internal/pgtest"
+	"github.com/leashq/leash/cmd/worker/internal/syncbuf"
 	"github.com/leashq/leash/pool"
 )
 

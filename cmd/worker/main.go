@@ -28,12 +28,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/term"
 
+	"github.com/leashq/leash/cmd/worker/internal/metrics"
+	"github.com/leashq/leash/cmd/worker/internal/web"
 	"github.com/leashq/leash/handlers"
-	"github.com/leashq/leash/internal/metrics"
-	"github.com/leashq/leash/internal/netdial"
-	"github.com/leashq/leash/internal/store"
-	"github.com/leashq/leash/internal/version"
-	"github.com/leashq/leash/internal/web"
 	"github.com/leashq/leash/pool"
 )
 
@@ -79,7 +76,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return cmdHealth(ctx, getenv, args, stdout)
 	}
 	if cmd == "version" {
-		fmt.Fprintf(stdout, "worker %s\nschema version %d\n", version.Release, store.ExpectedVersion())
+		fmt.Fprintf(stdout, "worker %s\nschema version %d\n", pool.Release, pool.SchemaVersion())
 		return nil
 	}
 	e, err := loadEnv(ctx, getenv)
@@ -142,30 +139,9 @@ func connect(ctx context.Context, e env) (*pgxpool.Pool, error) {
 	if !strings.Contains(e.DatabaseURL, "pool_max_conns") {
 		cfg.MaxConns = e.DBMaxConns
 	}
-	cfg.ConnConfig.DialFunc = netdial.Dialer().DialContext
 	// Every statement on this pool is leash's own (the built-in handlers write only their
 	// progress): it runs with leash's session settings, unless a pooler refuses them.
-	pinned := cfg.Copy()
-	store.PinSession(&pinned.ConnConfig.Config)
-	db, err := pgxpool.NewWithConfig(ctx, pinned)
-	if err != nil {
-		return nil, fmt.Errorf("open database: %w", err)
-	}
-	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	err = db.Ping(pctx)
-	if store.StartupParamsRefused(err) {
-		db.Close()
-		if db, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
-			return nil, fmt.Errorf("open database: %w", err)
-		}
-		err = db.Ping(pctx)
-	}
-	if err != nil {
-		db.Close()
-		return nil, fmt.Errorf("cannot reach the database at %s:%d: %w", cfg.ConnConfig.Host, cfg.ConnConfig.Port, err)
-	}
-	return db, nil
+	return pool.Connect(ctx, cfg)
 }
 
 func cmdRun(ctx context.Context, e env, getenv func(string) string, log *slog.Logger) error {
@@ -281,7 +257,7 @@ func serveHTTP(e env, ln net.Listener, db *pgxpool.Pool, p *pool.Pool, reg *prom
 		hosts = append(hosts, host) // the configured name; IP literals are accepted anyway
 	}
 	h, err := web.New(web.Options{DB: db, Ready: p.Ready, Gatherer: reg,
-		AdminToken: token, AdminOpen: open, AdminHosts: hosts, ReportSchema: true, Release: version.Release, Logger: log})
+		AdminToken: token, AdminOpen: open, AdminHosts: hosts, ReportSchema: true, Release: pool.Release, Logger: log})
 	if err != nil {
 		return nil, err
 	}
@@ -352,20 +328,20 @@ func cmdMigrate(ctx context.Context, e env, args []string, stdout, stderr io.Wri
 	if *status {
 		return printSchemaStatus(ctx, db, stdout)
 	}
-	applied, err := applyRetrying(ctx, db, *lockTimeout, *retryFor, func(m store.Migration) {
+	applied, err := applyRetrying(ctx, db, *lockTimeout, *retryFor, func(m pool.Migration) {
 		fmt.Fprintf(stdout, "applied %d %s\n", m.Version, m.Name)
 	}, func(msg string) { fmt.Fprintln(stdout, msg) })
 	if err != nil {
 		return err
 	}
-	c, err := store.CheckSchema(ctx, db)
+	c, err := pool.ReadSchemaStatus(ctx, db)
 	if err != nil {
 		return err
 	}
 	switch {
 	case c.Ahead():
 		fmt.Fprintf(stdout, "schema is at version %d, newer than this worker's %d (release %s): nothing to apply\n",
-			c.Current, c.Expected, version.Release)
+			c.Current, c.Expected, pool.Release)
 	case len(applied) == 0:
 		fmt.Fprintf(stdout, "schema is up to date (version %d)\n", c.Current)
 	default:
@@ -387,16 +363,16 @@ const (
 // lockTimeout and tried again after a pause until retryFor has passed. It reports every
 // migration applied, and every retry.
 func applyRetrying(ctx context.Context, db *pgxpool.Pool, lockTimeout, retryFor time.Duration,
-	applied func(store.Migration), retrying func(string)) ([]store.Migration, error) {
+	applied func(pool.Migration), retrying func(string)) ([]pool.Migration, error) {
 	deadline := time.Now().Add(retryFor)
-	var all []store.Migration
+	var all []pool.Migration
 	for {
-		done, err := store.ApplyWith(ctx, db, store.ApplyOptions{LockTimeout: lockTimeout})
+		done, err := pool.MigrateWith(ctx, db, pool.MigrateOptions{LockTimeout: lockTimeout})
 		for _, m := range done {
 			applied(m)
 		}
 		all = append(all, done...)
-		if err == nil || !store.IsLockTimeout(err) {
+		if err == nil || !errors.Is(err, pool.ErrMigrationLockTimeout) {
 			return all, err
 		}
 		if time.Now().Add(migrateRetryPause).After(deadline) {
@@ -414,7 +390,7 @@ func applyRetrying(ctx context.Context, db *pgxpool.Pool, lockTimeout, retryFor 
 }
 
 func printSchemaStatus(ctx context.Context, db *pgxpool.Pool, stdout io.Writer) error {
-	c, err := store.CheckSchema(ctx, db)
+	c, err := pool.ReadSchemaStatus(ctx, db)
 	if err != nil {
 		return err
 	}
@@ -433,22 +409,22 @@ func printSchemaStatus(ctx context.Context, db *pgxpool.Pool, stdout io.Writer) 
 			fmt.Fprintf(tw, "  %d\t%s\t%s%s\n", a.Version, a.Name, a.AppliedAt.UTC().Format(time.RFC3339), note)
 		}
 	}
-	if len(c.Missing) == 0 {
+	if len(c.Pending) == 0 {
 		fmt.Fprintln(tw, "pending:\tnone")
 	} else {
 		fmt.Fprintln(tw, "pending:")
-		for _, m := range c.Missing {
+		for _, m := range c.Pending {
 			fmt.Fprintf(tw, "  %d\t%s\t\n", m.Version, m.Name)
 		}
 	}
 	tw.Flush()
 	switch {
 	case c.Behind():
-		fmt.Fprintf(stdout, "schema is at version %d; this worker (release %s) needs %d: run `worker migrate`\n", c.Current, version.Release, c.Expected)
+		fmt.Fprintf(stdout, "schema is at version %d; this worker (release %s) needs %d: run `worker migrate`\n", c.Current, pool.Release, c.Expected)
 	case c.Ahead():
-		fmt.Fprintf(stdout, "schema is at version %d, newer than this worker's %d (release %s): upgrade the worker\n", c.Current, c.Expected, version.Release)
+		fmt.Fprintf(stdout, "schema is at version %d, newer than this worker's %d (release %s): upgrade the worker\n", c.Current, c.Expected, pool.Release)
 	default:
-		fmt.Fprintf(stdout, "schema is at version %d, as this worker (release %s) expects\n", c.Current, version.Release)
+		fmt.Fprintf(stdout, "schema is at version %d, as this worker (release %s) expects\n", c.Current, pool.Release)
 	}
 	return nil
 }
@@ -456,18 +432,18 @@ func printSchemaStatus(ctx context.Context, db *pgxpool.Pool, stdout io.Writer) 
 // checkSchema refuses to run on a database that lacks migrations this worker needs (or applies
 // them with WORKER_AUTO_MIGRATE), and warns when the database was migrated by a newer release.
 func checkSchema(ctx context.Context, e env, db *pgxpool.Pool, log *slog.Logger) error {
-	c, err := store.CheckSchema(ctx, db)
+	c, err := pool.ReadSchemaStatus(ctx, db)
 	if err != nil {
 		return err
 	}
 	if c.Behind() && e.AutoMigrate {
-		_, err := applyRetrying(ctx, db, migrateLockTimeout, migrateRetryFor, func(m store.Migration) {
+		_, err := applyRetrying(ctx, db, migrateLockTimeout, migrateRetryFor, func(m pool.Migration) {
 			log.Info("applied migration (WORKER_AUTO_MIGRATE)", slog.Int("version", m.Version), slog.String("name", m.Name))
 		}, func(msg string) { log.Warn(msg) })
 		if err != nil {
 			return err
 		}
-		if c, err = store.CheckSchema(ctx, db); err != nil {
+		if c, err = pool.ReadSchemaStatus(ctx, db); err != nil {
 			return err
 		}
 	}
@@ -475,22 +451,22 @@ func checkSchema(ctx context.Context, e env, db *pgxpool.Pool, log *slog.Logger)
 		return schemaBehindError(c)
 	}
 	if c.Ahead() {
-		log.Warn(web.SchemaAheadNote(c, version.Release),
-			slog.Int("schema_version", c.Current), slog.Int("worker_schema_version", c.Expected), slog.String("release", version.Release))
+		log.Warn(web.SchemaAheadNote(c, pool.Release),
+			slog.Int("schema_version", c.Current), slog.Int("worker_schema_version", c.Expected), slog.String("release", pool.Release))
 	}
 	return nil
 }
 
-func schemaBehindError(c store.SchemaCheck) error {
+func schemaBehindError(c pool.SchemaStatus) error {
 	const fix = "run `worker migrate` (or start the worker with WORKER_AUTO_MIGRATE=true)"
 	if !c.Tracked {
 		return fmt.Errorf("database has no leash schema (leash.schema_migrations does not exist), this worker needs version %d: %s", c.Expected, fix)
 	}
-	names := make([]string, len(c.Missing))
-	for i, m := range c.Missing {
+	names := make([]string, len(c.Pending))
+	for i, m := range c.Pending {
 		names[i] = m.Name
 	}
-	if c.Current < c.Missing[0].Version {
+	if c.Current < c.Pending[0].Version {
 		return fmt.Errorf("database schema is at version %d, this worker needs %d: %s (pending: %s)", c.Current, c.Expected, fix, strings.Join(names, ", "))
 	}
 	return fmt.Errorf("database schema lacks %s, which this worker needs: %s", strings.Join(names, ", "), fix)

@@ -20,8 +20,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/leashq/leash/internal/pgtest"
-	"github.com/leashq/leash/internal/syncbuf"
+	"github.com/leashq/leash/cmd/worker/internal/pgtest"
+	"github.com/leashq/leash/cmd/worker/internal/syncbuf"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }

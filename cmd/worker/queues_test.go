@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/leashq/leash/internal/pgtest"
+	"github.com/leashq/leash/cmd/worker/internal/pgtest"
 )
 
 func TestQueueCommands(t *testing.T) {

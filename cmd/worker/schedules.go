@@ -10,7 +10,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/leashq/leash/internal/store"
 	"github.com/leashq/leash/pool"
 )
 
@@ -129,7 +128,7 @@ func listSchedules(ctx context.Context, db pool.DB, stdout io.Writer) error {
 		}
 		errText := "-"
 		if s.LastError != "" {
-			errText = store.CleanText(s.LastError, 120)
+			errText = clip(s.LastError, 120)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", printable(s.Name), printable(s.Spec), printable(s.Kind), printable(s.Queue),
 			next, when(s.LastRunAt), last, printable(errText))

@@ -10,20 +10,19 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leashq/leash/internal/pgtest"
-	"github.com/leashq/leash/internal/store"
-	"github.com/leashq/leash/internal/version"
+	"github.com/leashq/leash/cmd/worker/internal/pgtest"
+	"github.com/leashq/leash/pool"
 )
 
 func TestVersion(t *testing.T) {
 	t.Parallel()
 	out, err := runCmd(t, envOf(), "version")
-	want := fmt.Sprintf("worker %s\nschema version %d\n", version.Release, store.ExpectedVersion())
+	want := fmt.Sprintf("worker %s\nschema version %d\n", pool.Release, pool.SchemaVersion())
 	if err != nil || out != want {
 		t.Fatalf("version: %q, %v; want %q", out, err, want)
 	}
-	if !regexp.MustCompile(`^\d+\.\d+\.\d+$`).MatchString(version.Release) || store.ExpectedVersion() < 3 {
-		t.Fatalf("release %q, schema version %d", version.Release, store.ExpectedVersion())
+	if !regexp.MustCompile(`^\d+\.\d+\.\d+$`).MatchString(pool.Release) || pool.SchemaVersion() < 3 {
+		t.Fatalf("release %q, schema version %d", pool.Release, pool.SchemaVersion())
 	}
 }
 
@@ -31,12 +30,9 @@ func TestVersion(t *testing.T) {
 // 1 applied and recorded, nothing else.
 func firstReleaseSchema(t *testing.T, url string) {
 	t.Helper()
-	all, err := store.Migrations()
-	if err != nil {
-		t.Fatal(err)
-	}
+	all := pool.Migrations()
 	db := pgtest.PoolFor(t, url)
-	_, err = db.Exec(context.Background(), `CREATE SCHEMA leash;
+	_, err := db.Exec(context.Background(), `CREATE SCHEMA leash;
 		CREATE TABLE leash.schema_migrations (version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now());
 		INSERT INTO leash.schema_migrations (version, name) VALUES (1, '001_jobs');`+all[0].SQL)
 	if err != nil {
@@ -50,7 +46,7 @@ func TestSchemaCheckAtStart(t *testing.T) {
 	t.Parallel()
 	url := pgtest.EmptyURL(t)
 	env := envOf("DATABASE_URL", url)
-	expected := store.ExpectedVersion()
+	expected := pool.SchemaVersion()
 
 	_, err := runCmd(t, env, "run")
 	if err == nil || !strings.Contains(err.Error(), "leash.schema_migrations does not exist") || !strings.Contains(err.Error(), "run `worker migrate`") {
@@ -58,7 +54,7 @@ func TestSchemaCheckAtStart(t *testing.T) {
 	}
 	out, err := runCmd(t, env, "migrate", "-status")
 	if err != nil || !strings.Contains(out, "applied:  none (leash.schema_migrations does not exist)") ||
-		!regexp.MustCompile(`(?m)^\s+1\s+001_jobs`).MatchString(out) || !strings.Contains(out, fmt.Sprintf("schema is at version 0; this worker (release %s) needs %d", version.Release, expected)) {
+		!regexp.MustCompile(`(?m)^\s+1\s+001_jobs`).MatchString(out) || !strings.Contains(out, fmt.Sprintf("schema is at version 0; this worker (release %s) needs %d", pool.Release, expected)) {
 		t.Fatalf("status of an empty database: %v\n%s", err, out)
 	}
 
@@ -130,11 +126,11 @@ func TestWorkerOlderThanSchema(t *testing.T) {
 	url := pgtest.URL(t)
 	db := pgtest.PoolFor(t, url)
 	ctx := context.Background()
-	newer := store.ExpectedVersion() + 1
+	newer := pool.SchemaVersion() + 1
 	db.Exec(ctx, "INSERT INTO leash.schema_migrations (version, name) VALUES ($1, 'from_a_newer_release')", newer)
 	logs, port := inProcess(t, url, "WORKER_HTTP_ADDR", "127.0.0.1:0")
 	note := fmt.Sprintf("worker is older than the database schema: schema at version %d, this worker (release %s) knows up to %d",
-		newer, version.Release, store.ExpectedVersion())
+		newer, pool.Release, pool.SchemaVersion())
 	if !strings.Contains(logs.String(), `"level":"WARN","msg":"`+note) {
 		t.Fatalf("no warning at start:\n%s", logs.String())
 	}

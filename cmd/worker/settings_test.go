@@ -9,7 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/leashq/leash/internal/pgtest"
+	"github.com/leashq/leash/cmd/worker/internal/pgtest"
 )
 
 // `worker run` on a database a DBA made read-only refuses at start, naming the setting and the

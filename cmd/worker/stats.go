@@ -5,7 +5,9 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/leashq/leash/internal/store"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/leashq/leash/pool"
 )
 
 // statsSampleInterval is how often each worker offers to sample the minute that has just ended
@@ -14,14 +16,16 @@ import (
 // worker, a minute is sampled 5 to 15 s after it ends.
 const statsSampleInterval = 10 * time.Second
 
-// sampleStats samples minutes for the admin page's charts (store.SampleMinutes) until ctx is
+// sampleStats samples minutes for the admin page's charts (pool.SampleMinuteStats) until ctx is
 // done, then closes done.
-func sampleStats(ctx context.Context, db store.Beginner, log *slog.Logger, every time.Duration, done chan<- struct{}) {
+func sampleStats(ctx context.Context, db interface {
+	Begin(context.Context) (pgx.Tx, error)
+}, log *slog.Logger, every time.Duration, done chan<- struct{}) {
 	defer close(done)
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
-		if n, err := store.SampleMinutes(ctx, db, store.SampleParams{}); err != nil {
+		if n, err := pool.SampleMinuteStats(ctx, db, pool.MinuteSampleParams{}); err != nil {
 			if ctx.Err() == nil {
 				log.WarnContext(ctx, "sample minute statistics for the admin page", slog.Any("err", err))
 			}

@@ -20,8 +20,8 @@ import (
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/leashq/leash/internal/pgtest"
-	"github.com/leashq/leash/internal/syncbuf"
+	"github.com/leashq/leash/cmd/worker/internal/pgtest"
+	"github.com/leashq/leash/cmd/worker/internal/syncbuf"
 	leashotel "github.com/leashq/leash/otel"
 )
 

@@ -10,17 +10,9 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// ConnectTimeout bounds one dial.
-const ConnectTimeout = 10 * time.Second
-
 // KeepAlive finds a dead peer within about eleven seconds of silence: 5s idle, then 3 probes 2s
 // apart.
 var KeepAlive = net.KeepAliveConfig{Enable: true, Idle: 5 * time.Second, Interval: 2 * time.Second, Count: 3}
-
-// Dialer returns a net.Dialer with KeepAlive, for a worker's pool connections.
-func Dialer() *net.Dialer {
-	return &net.Dialer{Timeout: ConnectTimeout, KeepAliveConfig: KeepAlive}
-}
 
 // WithKeepAlive wraps dial (nil: a plain net.Dialer) so that a TCP connection it returns gets
 // KeepAlive. The DialFunc itself is kept, not replaced, because it may do what a stock dialer

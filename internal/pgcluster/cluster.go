@@ -1,6 +1,11 @@
 // Package pgcluster starts private, throwaway PostgreSQL clusters from the locally installed
 // server binaries: for tests, fault injection and `worker demo`. When running as root it drops to
 // the postgres user, since PostgreSQL refuses to run as root.
+//
+// The library (internal/pgcluster, for its tests) and the worker binary's module
+// (cmd/worker/internal/pgcluster, for `worker demo` and its tests) each have this file, the same
+// to the byte: the binary's module may import no internal package of the library's.
+// cmd/worker's TestCopiesMatchLibrary checks that they stay the same.
 package pgcluster
 
 import (

@@ -2,6 +2,11 @@
 // TEST_DATABASE_URL or DATABASE_URL when set; otherwise it starts one private throwaway cluster per
 // test binary from the local server binaries (see package pgcluster). Call Main from TestMain so
 // the cluster is removed when the tests end.
+//
+// The library (internal/pgtest) and the worker binary's module (cmd/worker/internal/pgtest) each
+// have this file, the same but for the import path of package pgcluster (the binary's module may
+// import no internal package of the library's); only migrate.go, which applies the schema,
+// differs. cmd/worker's TestCopiesMatchLibrary checks that they stay the same.
 package pgtest
 
 import (
@@ -18,7 +23,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/leashq/leash/internal/pgcluster"
-	"github.com/leashq/leash/internal/store"
 )
 
 var (
@@ -71,7 +75,7 @@ func setup(t testing.TB) *serverInfo {
 			setupErr = fmt.Errorf("connect to template: %w", err)
 			return
 		}
-		_, err = store.Migrate(ctx, conn)
+		err = migrate(ctx, conn)
 		conn.Close(ctx)
 		if err != nil {
 			setupErr = err

@@ -1,5 +1,8 @@
 // Package syncbuf holds a buffer that one goroutine (or a child process's output copier) writes
 // while another reads it, for tests that watch a worker's log.
+//
+// The library (internal/syncbuf) and the worker binary's module (cmd/worker/internal/syncbuf) each
+// have this file, the same to the byte; cmd/worker's TestCopiesMatchLibrary checks it.
 package syncbuf
 
 import (

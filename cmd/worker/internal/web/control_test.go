@@ -9,8 +9,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/leashq/leash/internal/pgtest"
-	"github.com/leashq/leash/internal/web"
+	"github.com/leashq/leash/cmd/worker/internal/pgtest"
+	"github.com/leashq/leash/cmd/worker/internal/web"
 	"github.com/leashq/leash/pool"
 )
 

@@ -8,8 +8,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 
-	"github.com/leashq/leash/internal/metrics"
-	"github.com/leashq/leash/internal/pgtest"
+	"github.com/leashq/leash/cmd/worker/internal/metrics"
+	"github.com/leashq/leash/cmd/worker/internal/pgtest"
 	"github.com/leashq/leash/pool"
 )
 

@@ -19,12 +19,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/leashq/leash/cmd/worker/internal/metrics"
+	"github.com/leashq/leash/cmd/worker/internal/pgtest"
+	"github.com/leashq/leash/cmd/worker/internal/syncbuf"
+	"github.com/leashq/leash/cmd/worker/internal/web"
 	"github.com/leashq/leash/handlers"
-	"github.com/leashq/leash/internal/metrics"
-	"github.com/leashq/leash/internal/pgtest"
-	"github.com/leashq/leash/internal/store"
-	"github.com/leashq/leash/internal/syncbuf"
-	"github.com/leashq/leash/internal/web"
 	"github.com/leashq/leash/pool"
 )
 
@@ -158,7 +157,7 @@ func TestAdminPageInBrowser(t *testing.T) {
 		FROM unnest(ARRAY['completed', 'completed', 'completed', 'failed']) s`); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := store.SampleMinutes(context.Background(), e.db.(*pgxpool.Pool), store.SampleParams{}); err != nil || n == 0 {
+	if n, err := pool.SampleMinuteStats(context.Background(), e.db.(*pgxpool.Pool), pool.MinuteSampleParams{}); err != nil || n == 0 {
 		t.Fatalf("sample minutes: %d, %v", n, err)
 	}
 

@@ -7,9 +7,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/leashq/leash/internal/pgtest"
-	"github.com/leashq/leash/internal/store"
-	"github.com/leashq/leash/internal/web"
+	"github.com/leashq/leash/cmd/worker/internal/pgtest"
+	"github.com/leashq/leash/cmd/worker/internal/web"
+	"github.com/leashq/leash/pool"
 )
 
 // /readyz stays 200 on a schema migrated by a newer release, and says so with both versions.
@@ -34,7 +34,7 @@ func TestReadyzReportsNewerSchema(t *testing.T) {
 	}
 	db.Exec(context.Background(), "INSERT INTO leash.schema_migrations (version, name) VALUES (999, '999_future')")
 	want := fmt.Sprintf("worker is older than the database schema: schema at version 999, this worker (release 0.2.0) knows up to %d;",
-		store.ExpectedVersion())
+		pool.SchemaVersion())
 	if body := serve(true); !strings.HasPrefix(body, "ready\n"+want) {
 		t.Fatalf("newer schema: %q, want a line starting %q", body, want)
 	}

@@ -16,9 +16,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/leashq/leash/internal/pgtest"
-	"github.com/leashq/leash/internal/store"
-	"github.com/leashq/leash/internal/web"
+	"github.com/leashq/leash/cmd/worker/internal/pgtest"
+	"github.com/leashq/leash/cmd/worker/internal/web"
+	"github.com/leashq/leash/pool"
 )
 
 // insertJob adds a job in a given state directly (no worker runs here) and returns its id.
@@ -264,7 +264,7 @@ func TestIndexCharts(t *testing.T) {
 		t.Fatal(err)
 	}
 	insertJob(t, db, "default", "noop", "available")
-	if n, err := store.SampleMinutes(ctx, db, store.SampleParams{}); err != nil || n == 0 {
+	if n, err := pool.SampleMinuteStats(ctx, db, pool.MinuteSampleParams{}); err != nil || n == 0 {
 		t.Fatalf("sample: %d, %v", n, err)
 	}
 	code, body = get(t, srv.URL+"/")

@@ -12,12 +12,11 @@ import (
 	"unicode"
 	"unicode/utf8"
 
-	"github.com/leashq/leash/internal/store"
+	"github.com/leashq/leash/pool"
 )
 
 // states lists the job states in the order the state filter offers them.
-var states = []string{store.StateAvailable, store.StateRunning, store.StateRetryable, store.StateCompleted,
-	store.StateFailed, store.StateCancelled}
+var states = pool.States()
 
 // maxNameBytes bounds a queue or kind filter: longer names cannot exist (the table's checks).
 const maxNameBytes = 128
@@ -122,7 +121,7 @@ type jobsData struct {
 	Filters Filters
 	States  []string
 	Queues  []string // none: reading them would cost a scan of the table
-	Jobs    []store.JobSummary
+	Jobs    []pool.JobSummary
 	// Next links to the next page; "" on the last.
 	Next     template.URL
 	TooSlow  bool
@@ -142,10 +141,10 @@ func (s *server) jobs(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	data := jobsData{Filters: f, States: states, PageSize: listPageSize}
-	data.Jobs, err = store.ListJobs(r.Context(), s.DB, store.ListParams{Queue: f.Queue, Kind: f.Kind, State: f.State,
+	data.Jobs, err = pool.ListJobs(r.Context(), s.DB, pool.ListJobsParams{Queue: f.Queue, Kind: f.Kind, State: f.State,
 		BeforeID: f.BeforeID, Limit: listPageSize + 1})
 	switch {
-	case errors.Is(err, store.ErrListTimeout):
+	case errors.Is(err, pool.ErrListTimeout):
 		data.TooSlow = true
 	case err != nil:
 		s.fail(w, err)

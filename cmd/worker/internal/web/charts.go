@@ -6,8 +6,8 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/leashq/leash/internal/chart"
-	"github.com/leashq/leash/internal/store"
+	"github.com/leashq/leash/cmd/worker/internal/chart"
+	"github.com/leashq/leash/pool"
 )
 
 // chartMinutes is the span of the admin page's charts.
@@ -25,7 +25,7 @@ type finishedCounts struct{ Completed, Failed, Cancelled int64 }
 
 // charts builds the admin page's charts from the last hour of sampled minutes, and totals the
 // jobs finished in it. It reports false when no minute of the hour was sampled.
-func charts(stats []store.MinuteStats) ([]chartView, finishedCounts, bool) {
+func charts(stats []pool.MinuteStats) ([]chartView, finishedCounts, bool) {
 	n := len(stats)
 	labels := make([]string, n)
 	completed, failed, cancelled := series(n), series(n), series(n)

@@ -10,7 +10,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
-	"github.com/leashq/leash/internal/store"
 	"github.com/leashq/leash/pool"
 )
 
@@ -62,7 +61,7 @@ func (o *Observer) JobFinished(ev pool.JobEvent) {
 
 // RegisterPool exposes the pool's counters and gauges, and the server's notification queue usage,
 // on reg.
-func RegisterPool(reg prometheus.Registerer, p *pool.Pool, db store.DBTX) {
+func RegisterPool(reg prometheus.Registerer, p *pool.Pool, db pool.DB) {
 	m := p.Metrics()
 	counter := func(name, help string, f func() int64) prometheus.Collector {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 { return float64(f()) })
@@ -110,8 +109,8 @@ func RegisterPool(reg prometheus.Registerer, p *pool.Pool, db store.DBTX) {
 		gauge("leash_notification_queue_usage", "Fraction of the server's notification queue in use, 0 to 1 (pg_notification_queue_usage); -1 when the database did not answer.", func() float64 {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			defer cancel()
-			u, err := store.NotificationQueueUsage(ctx, db)
-			if err != nil {
+			var u float64
+			if err := db.QueryRow(ctx, `SELECT pg_notification_queue_usage()`).Scan(&u); err != nil {
 				return -1
 			}
 			return u

@@ -23,7 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/leashq/leash/internal/store"
+	"github.com/leashq/leash/pool"
 )
 
 //go:embed templates/*.html
@@ -33,8 +33,8 @@ var templates embed.FS
 type Options struct {
 	// DB is read for the admin page and readiness. Required.
 	DB interface {
-		store.DBTX
-		store.Beginner
+		pool.DB
+		Begin(ctx context.Context) (pgx.Tx, error)
 		Ping(ctx context.Context) error
 	}
 	// ListenerConnected reports the worker's LISTEN connection; nil means not applicable.
@@ -84,20 +84,11 @@ func New(o Options) (http.Handler, error) {
 	}
 	t, err := template.New("").Funcs(template.FuncMap{
 		"age": fmtAge,
-		"deref": func(s *string) string {
-			if s == nil {
-				return ""
+		"short": func(s string) string {
+			if len(s) > 160 {
+				return truncate(s, 160) + "…"
 			}
-			return *s
-		},
-		"short": func(s *string) string {
-			if s == nil {
-				return ""
-			}
-			if len(*s) > 160 {
-				return truncate(*s, 160) + "…"
-			}
-			return *s
+			return s
 		},
 	}).ParseFS(templates, "templates/*.html")
 	if err != nil {
@@ -153,7 +144,7 @@ func (s *server) ready(w http.ResponseWriter, r *http.Request) {
 	}
 	fmt.Fprintln(w, "ready")
 	if s.ReportSchema {
-		c, err := store.CheckSchema(ctx, s.DB)
+		c, err := pool.ReadSchemaStatus(ctx, s.DB)
 		switch {
 		case err != nil:
 			s.Logger.Warn("readiness: cannot read the schema version", slog.Any("err", err))
@@ -165,7 +156,7 @@ func (s *server) ready(w http.ResponseWriter, r *http.Request) {
 
 // SchemaAheadNote says that a worker of release is older than the database's schema, naming both
 // versions.
-func SchemaAheadNote(c store.SchemaCheck, release string) string {
+func SchemaAheadNote(c pool.SchemaStatus, release string) string {
 	return fmt.Sprintf("worker is older than the database schema: schema at version %d, this worker (release %s) knows up to %d; "+
 		"migrations are additive, so it keeps working: replace it with a newer release", c.Current, release, c.Expected)
 }
@@ -235,8 +226,8 @@ func (s *server) auth(next http.Handler) http.Handler {
 }
 
 type indexData struct {
-	Status   store.Status
-	Failures []store.JobRow
+	Status   pool.Status
+	Failures []pool.JobRow
 	Refresh  int
 	Now      time.Time
 	Flash    string
@@ -252,8 +243,8 @@ type indexData struct {
 	States  []string
 	// QueueList is every queue with a control row or queued or running jobs; Schedules every
 	// durable schedule.
-	QueueList []store.QueueInfo
-	Schedules []store.ScheduleRow
+	QueueList []pool.QueueState
+	Schedules []pool.ScheduleState
 }
 
 // Flash messages are chosen by a fixed code in the URL, never taken from it, so a crafted link
@@ -283,27 +274,27 @@ func (s *server) index(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	// Queued and running jobs only: counting the finished ones would read the whole table at
 	// every refresh. The throughput chart counts them per minute.
-	st, err := store.ReadLiveStatus(ctx, s.DB, 200)
+	st, err := pool.ReadStatus(ctx, s.DB, pool.StatusParams{Running: 200})
 	if err != nil {
 		s.fail(w, err)
 		return
 	}
-	failures, err := store.RecentFailures(ctx, s.DB, 20)
+	failures, err := pool.RecentFailures(ctx, s.DB, 20)
 	if err != nil {
 		s.fail(w, err)
 		return
 	}
-	stats, err := store.ReadMinuteStats(ctx, s.DB, store.ReadStatsParams{Minutes: chartMinutes})
+	stats, err := pool.ReadMinuteStats(ctx, s.DB, chartMinutes)
 	if err != nil {
 		s.fail(w, err)
 		return
 	}
-	controls, err := store.AllQueueControls(ctx, s.DB)
+	queues, err := pool.ListQueues(ctx, s.DB)
 	if err != nil {
 		s.fail(w, err)
 		return
 	}
-	schedules, err := store.ListSchedules(ctx, s.DB)
+	schedules, err := pool.ListSchedules(ctx, s.DB)
 	if err != nil {
 		s.fail(w, err)
 		return
@@ -311,7 +302,7 @@ func (s *server) index(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	id, _ := strconv.ParseInt(q.Get("job"), 10, 64)
 	data := indexData{Status: st, Failures: failures, Refresh: int(s.Refresh.Seconds()), Now: time.Now(),
-		Flash: flashText(q.Get("flash"), id), States: states, QueueList: store.MergeQueues(controls, st.Counts),
+		Flash: flashText(q.Get("flash"), id), States: states, QueueList: queues,
 		Schedules: schedules}
 	data.Charts, data.Finished, data.Sampled = charts(stats)
 	for _, c := range st.Counts {
@@ -328,8 +319,8 @@ func (s *server) job(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "bad job id", http.StatusBadRequest)
 		return
 	}
-	j, err := store.GetJob(r.Context(), s.DB, id)
-	if errors.Is(err, pgx.ErrNoRows) {
+	j, err := pool.GetJob(r.Context(), s.DB, id)
+	if errors.Is(err, pool.ErrJobNotFound) {
 		http.Error(w, fmt.Sprintf("job %d not found", id), http.StatusNotFound)
 		return
 	}
@@ -338,7 +329,7 @@ func (s *server) job(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.render(w, "job.html", struct {
-		Job     store.JobRow
+		Job     pool.JobRow
 		Flash   string
 		Refresh int
 	}{j, flashText(r.URL.Query().Get("flash"), id), int(s.Refresh.Seconds())})
@@ -359,7 +350,7 @@ func (s *server) revoke(w http.ResponseWriter, r *http.Request) {
 	if reason == "" {
 		reason = "revoked from the admin page"
 	}
-	ok, err := store.Revoke(r.Context(), s.DB, id, reason)
+	ok, err := pool.RevokeJob(r.Context(), s.DB, id, reason)
 	if err != nil {
 		s.fail(w, err)
 		return

@@ -11,7 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/leashq/leash/internal/store"
+	"github.com/leashq/leash/pool"
 )
 
 // Flash codes of the queue and retry actions (see flashText).
@@ -69,9 +69,9 @@ func (s *server) queueAction(pause bool) http.HandlerFunc {
 			http.Error(w, "bad queue name", http.StatusBadRequest)
 			return
 		}
-		do, code := store.ResumeQueue, flashQueueResumed
+		do, code := pool.ResumeQueue, flashQueueResumed
 		if pause {
-			do, code = store.PauseQueue, flashQueuePaused
+			do, code = pool.PauseQueue, flashQueuePaused
 		}
 		changed, err := do(r.Context(), s.DB, name)
 		if err != nil {
@@ -93,7 +93,7 @@ func (s *server) retry(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	code := flashRetried
-	ok, err := store.RetryJob(r.Context(), s.DB, id)
+	ok, err := pool.RetryJob(r.Context(), s.DB, id)
 	var pe *pgconn.PgError
 	switch {
 	case errors.As(err, &pe) && pe.Code == "23505":
