@@ -107,7 +107,6 @@ func failover(t *testing.T, sync bool) {
 	h.db = h.connect()
 	before := h.effects()
 
-
 	recovered := h.waitUntil("a completion on the new primary", 60*time.Second, func() bool { return h.effects() > before })
 	drained := h.drain(drainBound(jobs * 60 * time.Millisecond / 24))
 

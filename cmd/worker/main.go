@@ -143,6 +143,12 @@ func connect(ctx context.Context, e env) (*pgxpool.Pool, error) {
 		cfg.MaxConns = e.DBMaxConns
 	}
 	cfg.ConnConfig.DialFunc = netdial.Dialer().DialContext
+	if strings.Contains(e.DatabaseURL, "target_session_attrs=read-write") || strings.Contains(e.DatabaseURL, "target_session_attrs=primary") {
+		// The URL asks for the primary: a connection whose server stopped taking writes (fenced
+		// read-only after a failover) is closed when released, and the next one finds the new
+		// primary.
+		store.DropReadOnly(cfg)
+	}
 	// Every statement on this pool is leash's own (the built-in handlers write only their
 	// progress): it runs with leash's session settings, unless a pooler refuses them.
 	pinned := cfg.Copy()

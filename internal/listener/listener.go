@@ -45,7 +45,7 @@ type Listener struct {
 	// a dead peer in seconds (replacing whatever keepalive the DialFunc set), since the LISTEN
 	// connection sits idle for hours. A Config without connect_timeout gets
 	// ConnectTimeoutDefault. A server in recovery or read-only is refused while connecting
-// (store.RefuseStandby), so that a multi-host URL leads to the primary. application_name is set to notify.ApplicationName, and the session
+	// (store.RefuseStandby), so that a multi-host URL leads to the primary. application_name is set to notify.ApplicationName, and the session
 	// settings leash pins (store.PinSession: idle_session_timeout off, since the connection is
 	// idle by design and a self-notification does not count as activity, and search_path) are
 	// set unless a pooler refuses them.
