@@ -78,6 +78,13 @@ func newHarness(t *testing.T, ownCluster bool) *harness {
 		h.url = pgtest.URL(t)
 		h.db = h.connect()
 	}
+	h.prepare()
+	return h
+}
+
+// prepare creates the ledger and stops the scenario's workers when it ends.
+func (h *harness) prepare() {
+	t := h.t
 	if _, err := h.db.Exec(context.Background(), `CREATE TABLE ledger (
 		job_id bigint NOT NULL, token bigint NOT NULL, worker text NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())`); err != nil {
 		t.Fatal(err)
@@ -95,7 +102,6 @@ func newHarness(t *testing.T, ownCluster bool) *harness {
 			}
 		}
 	})
-	return h
 }
 
 func tail(s string, n int) string {
@@ -123,12 +129,26 @@ func (h *harness) connect() *pgxpool.Pool {
 // own proxy.
 func (h *harness) start(id string, concurrency int) *worker {
 	h.t.Helper()
+	return h.startVia(id, concurrency, "", "")
+}
+
+// startVia is start with more hosts after the proxy in the worker's URL (host:port, comma
+// separated) and more URL parameters (a=b&c=d).
+func (h *harness) startVia(id string, concurrency int, moreHosts, params string) *worker {
+	h.t.Helper()
 	cfg, _ := pgx.ParseConfig(h.url)
 	px, err := faultproxy.New(fmt.Sprintf("%s:%d", cfg.Host, cfg.Port))
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	viaProxy := fmt.Sprintf("postgres://%s@127.0.0.1:%d/%s?sslmode=disable", cfg.User, px.Port(), cfg.Database)
+	hosts := fmt.Sprintf("127.0.0.1:%d", px.Port())
+	if moreHosts != "" {
+		hosts += "," + moreHosts
+	}
+	viaProxy := fmt.Sprintf("postgres://%s@%s/%s?sslmode=disable", cfg.User, hosts, cfg.Database)
+	if params != "" {
+		viaProxy += "&" + params
+	}
 	exe, _ := os.Executable()
 	cmd := exec.Command(exe, "-test.run=^$")
 	cmd.Env = append(os.Environ(), "FAULT_WORKER="+id, "FAULT_DB="+viaProxy,

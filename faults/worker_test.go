@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"strconv"
 	"sync"
@@ -81,6 +82,7 @@ func runWorker() bool {
 		ListenReconnectDelay: reconnectDelay, ListenPingInterval: time.Second,
 		StallInterval: time.Second,
 		RetryBackoff:  func(int) time.Duration { return 100 * time.Millisecond },
+		Logger:        slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -3,6 +3,7 @@ package pool
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -29,6 +30,12 @@ const ConnectTimeoutDefault = 10 * time.Second
 func Connect(ctx context.Context, cfg *pgxpool.Config) (*pgxpool.Pool, error) {
 	cfg = cfg.Copy()
 	cfg.ConnConfig.DialFunc = netdial.WithKeepAlive(cfg.ConnConfig.DialFunc)
+	if targetsPrimary(cfg) {
+		// The URL asks for the primary: a connection whose server stopped taking writes (fenced
+		// read-only after a failover) is closed when released, and the next one finds the new
+		// primary.
+		store.DropReadOnly(cfg)
+	}
 	if cfg.ConnConfig.ConnectTimeout == 0 {
 		cfg.ConnConfig.ConnectTimeout = ConnectTimeoutDefault
 	}
@@ -53,4 +60,11 @@ func Connect(ctx context.Context, cfg *pgxpool.Config) (*pgxpool.Pool, error) {
 		return nil, fmt.Errorf("cannot reach the database at %s:%d: %w", cfg.ConnConfig.Host, cfg.ConnConfig.Port, err)
 	}
 	return db, nil
+}
+
+// targetsPrimary reports whether cfg's URL asks for a server that takes writes
+// (target_session_attrs=read-write or primary).
+func targetsPrimary(cfg *pgxpool.Config) bool {
+	s := cfg.ConnString()
+	return strings.Contains(s, "target_session_attrs=read-write") || strings.Contains(s, "target_session_attrs=primary")
 }

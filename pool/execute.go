@@ -35,6 +35,18 @@ func (p *Pool) execute(ctx context.Context, j *Job) {
 		p.forget(j)
 		return
 	}
+	if out.State == store.StateCompleted && j.doneInTx.Load() {
+		// The handler's own transaction wrote the completion (CompleteTx), with its effects: there
+		// is nothing left to write. Writing it again would complete the job without them if that
+		// transaction did not take (rolled back, or undone by a failover to an asynchronous
+		// standby that never received it, where the row is still running under this token); left
+		// alone, the row's lease expires and the job runs again, as after any lost attempt.
+		p.settle(finishItem{out: out, job: j, dur: dur}, store.StateCompleted, true)
+		if p.queues.anyCapped() {
+			p.poke(p.wake) // a capped queue has room again, as after a written outcome
+		}
+		return
+	}
 	p.finishCh <- finishItem{out: out, job: j, dur: dur}
 	p.poke(p.outcomeWake)
 }

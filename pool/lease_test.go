@@ -443,6 +443,48 @@ func TestCompleteTxCommitsWithEffect(t *testing.T) {
 	}
 }
 
+// A handler that completed its job inside its own transaction (CompleteTx) and returned nil has
+// nothing left for the worker to write. If that transaction did not take (here it is rolled back
+// and the error swallowed; after a failover to an asynchronous standby it is simply gone), the job
+// must not be completed without its effect: its lease runs out and it runs again.
+func TestCompletedInTxIsNotWrittenAgain(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	ctx := context.Background()
+	db.Exec(ctx, `CREATE TABLE effects (job_id bigint)`)
+	cfg := fastConfig()
+	cfg.LeaseDuration, cfg.RescueInterval = time.Second, 100*time.Millisecond
+	p, b := setup(t, db, cfg, map[string]pool.Handler{"tx": pool.HandlerFunc(func(ctx context.Context, j *pool.Job) error {
+		err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+			if err := j.Fence(ctx, tx); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, `INSERT INTO effects VALUES ($1)`, j.ID); err != nil {
+				return err
+			}
+			if err := j.CompleteTx(ctx, tx); err != nil {
+				return err
+			}
+			if j.Attempt == 1 {
+				return errors.New("lost")
+			}
+			return nil
+		})
+		if j.Attempt == 1 {
+			return nil // the loss goes unnoticed
+		}
+		return err
+	})})
+	id := insert(t, db, "tx", nil, nil)
+	start(t, p)
+	b.events.wait(t, 2, 15*time.Second)
+	var n int
+	db.QueryRow(ctx, `SELECT count(*) FROM effects WHERE job_id = $1`, id).Scan(&n)
+	if r := getRow(t, db, id); r.State != "completed" || r.Attempt != 2 || n != 1 {
+		t.Fatalf("job %+v with %d effects; want completed on attempt 2 with its effect", r, n)
+	}
+}
+
 func TestProgressAndStalledHandler(t *testing.T) {
 	t.Parallel()
 	cfg := fastConfig()

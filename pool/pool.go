@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/leashq/leash/internal/listener"
+	"github.com/leashq/leash/internal/netdial"
 	"github.com/leashq/leash/internal/store"
 	"github.com/leashq/leash/lease"
 	"github.com/leashq/leash/notify"
@@ -180,11 +181,28 @@ func (p *Pool) openControl(ctx context.Context) (*pgxpool.Pool, error) {
 	}
 	cc := p.db.Config().Copy()
 	cc.MaxConns, cc.MinConns = int32(p.cfg.ControlConns), 0
+	controlFailover(cc)
 	ctl, err := p.openPinned(ctx, cc)
 	if err != nil {
 		return nil, fmt.Errorf("pool: open control connections: %w", err)
 	}
 	return ctl, nil
+}
+
+// controlFailover makes the control connections follow a failover on their own: a dead host
+// is found in seconds (TCP keepalive and user timeout, on whatever DialFunc the application's
+// pool has), each connection attempt gives up on a silent host after
+// listener.ConnectTimeoutDefault unless connect_timeout says otherwise (so that the next host
+// of a multi-host URL is tried), a server in recovery or read-only is refused (pgx tries the
+// next host), and a connection whose server stopped taking writes is closed when released. A
+// connection that broke is closed by pgx itself.
+func controlFailover(cc *pgxpool.Config) {
+	cc.ConnConfig.DialFunc = netdial.WithKeepAlive(cc.ConnConfig.DialFunc)
+	if cc.ConnConfig.ConnectTimeout == 0 {
+		cc.ConnConfig.ConnectTimeout = listener.ConnectTimeoutDefault
+	}
+	store.RefuseStandby(&cc.ConnConfig.Config)
+	store.DropReadOnly(cc)
 }
 
 // leases returns the leases of the running jobs, for the keeper to renew.

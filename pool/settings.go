@@ -71,6 +71,14 @@ func judgeSession(s store.Session, need int) []*SettingError {
 			Problem: "every transaction is read-only, and claims, renewals and outcomes write",
 			Fix:     resetFix(s, st, "")})
 	}
+	if s.SyncRepWaiting > 0 && s.SyncRepFor >= syncRepStuck && !s.InRecovery {
+		st := s.Settings["synchronous_standby_names"]
+		out = append(out, &SettingError{Setting: "synchronous_standby_names", Value: fmt.Sprintf("%q", st.Value),
+			Problem: "commits wait for a synchronous standby that is not connected (wait_event SyncRep), so no claim, renewal " +
+				"or outcome completes and every statement times out; a promoted standby that kept the old primary's setting does this",
+			Fix: "connect a standby the setting names, or on this server ALTER SYSTEM SET synchronous_standby_names = '' and " +
+				"SELECT pg_reload_conf() (the waiting commits then complete)"})
+	}
 	if st := s.Settings["session_replication_role"]; st.Value != "" && st.Value != "origin" {
 		out = append(out, &SettingError{Setting: "session_replication_role", Value: st.Value,
 			Problem: "triggers do not fire in leash's sessions: no insert wakes a waiting worker and a revoked job's failure is not turned into cancelled",
@@ -92,6 +100,11 @@ func judgeSession(s store.Session, need int) []*SettingError {
 	}
 	return out
 }
+
+// syncRepStuck is how long a commit of the worker's role may wait for a synchronous standby
+// before the database counts as unable to take leash's writes: a standby that is there
+// acknowledges in milliseconds.
+const syncRepStuck = 5 * time.Second
 
 // settingsCheck is the last check of the database's settings: nil when they are fine.
 type settingsCheck struct {
@@ -122,6 +135,13 @@ func (p *Pool) connsNeeded() int {
 // found for Ready. It returns the problems (joined), or the error that kept it from reading them.
 func (p *Pool) checkSettings(ctx context.Context) (problem, err error) {
 	s, err := store.ReadSession(ctx, p.control())
+	if errors.Is(err, store.ErrNotPrimary) && p.control() != p.db {
+		// The control connections refuse a standby or a read-only server; the application's
+		// pool may still reach it and say why, naming the fix.
+		if ps, perr := store.ReadSession(ctx, p.db); perr == nil && (ps.InRecovery || ps.ReadOnly) {
+			s, err = ps, nil
+		}
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -44,7 +44,8 @@ type Listener struct {
 	// is kept; when it returns a *net.TCPConn, TCP keepalive on that connection is tuned to find
 	// a dead peer in seconds (replacing whatever keepalive the DialFunc set), since the LISTEN
 	// connection sits idle for hours. A Config without connect_timeout gets
-	// ConnectTimeoutDefault. application_name is set to notify.ApplicationName, and the session
+	// ConnectTimeoutDefault. A server in recovery or read-only is refused while connecting
+	// (store.RefuseStandby), so that a multi-host URL leads to the primary. application_name is set to notify.ApplicationName, and the session
 	// settings leash pins (store.PinSession: idle_session_timeout off, since the connection is
 	// idle by design and a self-notification does not count as activity, and search_path) are
 	// set unless a pooler refuses them.
@@ -282,6 +283,10 @@ func (l *Listener) connect(runCtx, sess context.Context) (*pgx.Conn, error) {
 	if cfg.ConnectTimeout == 0 {
 		cfg.ConnectTimeout = ConnectTimeoutDefault
 	}
+	// LISTEN on a standby fails, but on a primary fenced read-only (or a stale DNS name's replica
+	// once promoted elsewhere) it succeeds and hears nothing sent on the new primary: refuse both,
+	// and take the next host of the URL.
+	store.RefuseStandby(&cfg.Config)
 	pinned := cfg.Copy()
 	store.PinSession(&pinned.Config)
 	var conn *pgx.Conn

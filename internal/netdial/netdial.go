@@ -14,8 +14,12 @@ import (
 // apart.
 var KeepAlive = net.KeepAliveConfig{Enable: true, Idle: 5 * time.Second, Interval: 2 * time.Second, Count: 3}
 
+// UserTimeout finds a dead peer while data is in flight (a statement sent to a host that died,
+// where keepalive probes never start) within the same eleven seconds, on Linux (TCP_USER_TIMEOUT).
+const UserTimeout = 11 * time.Second
+
 // WithKeepAlive wraps dial (nil: a plain net.Dialer) so that a TCP connection it returns gets
-// KeepAlive. The DialFunc itself is kept, not replaced, because it may do what a stock dialer
+// KeepAlive and UserTimeout. The DialFunc itself is kept, not replaced, because it may do what a stock dialer
 // cannot (a tunnel, a custom resolver, a test proxy), and pgx's default one (which also carries
 // connect_timeout) cannot be told apart from a user's. Only its result is tuned: pgx's default
 // leaves Go's keepalive (about 2.5 minutes to notice), too slow for a connection that sits idle
@@ -32,6 +36,7 @@ func WithKeepAlive(dial pgconn.DialFunc) pgconn.DialFunc {
 		}
 		if tc, ok := c.(*net.TCPConn); ok {
 			_ = tc.SetKeepAliveConfig(KeepAlive) // best effort: pings still find a dead peer
+			setUserTimeout(tc, UserTimeout)
 		}
 		return c, nil
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -110,9 +111,14 @@ type Session struct {
 	// default_transaction_read_only, or a server in recovery.
 	ReadOnly bool
 	// Settings by name: session_replication_role, default_transaction_read_only,
-	// synchronous_commit, idle_session_timeout (when the server has it) and every name of
-	// SessionParams.
+	// synchronous_commit, synchronous_standby_names, idle_session_timeout (when the server has
+	// it) and every name of SessionParams.
 	Settings map[string]Setting
+	// SyncRepWaiting counts the sessions of this role whose commit is waiting for a synchronous
+	// standby (pg_stat_activity wait_event SyncRep) and SyncRepFor is how long the oldest of them
+	// has been waiting: a commit that waits for a standby that is not there waits forever.
+	SyncRepWaiting int
+	SyncRepFor     time.Duration
 	// Connection limits: -1 when there is none. ServerLimit is max_connections less the
 	// connections reserved for superusers (and, from PostgreSQL 16, reserved_connections) for a
 	// role that is not a superuser.
@@ -122,11 +128,12 @@ type Session struct {
 // ReadSession reads Session on db, in one statement.
 func ReadSession(ctx context.Context, db DBTX) (Session, error) {
 	s := Session{Settings: map[string]Setting{}}
-	names := []string{"session_replication_role", "default_transaction_read_only", "synchronous_commit", "idle_session_timeout"}
+	names := []string{"session_replication_role", "default_transaction_read_only", "synchronous_commit", "idle_session_timeout", "synchronous_standby_names"}
 	for k := range SessionParams {
 		names = append(names, strings.ToLower(k))
 	}
 	var settings [][]string
+	var syncRepSecs float64
 	err := db.QueryRow(ctx, `
 		SELECT session_user::pg_catalog.text, pg_catalog.current_database()::pg_catalog.text, r.rolsuper, pg_catalog.pg_is_in_recovery(),
 		       pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on',
@@ -136,14 +143,20 @@ func ReadSession(ctx context.Context, db DBTX) (Session, error) {
 		                 OPERATOR(pg_catalog.-) pg_catalog.current_setting('superuser_reserved_connections')::int
 		                 OPERATOR(pg_catalog.-) coalesce(pg_catalog.current_setting('reserved_connections', true), '0')::int END,
 		       (SELECT pg_catalog.array_agg(ARRAY[s.name, s.setting, s.source]) FROM pg_catalog.pg_settings s
-		        WHERE pg_catalog.lower(s.name) OPERATOR(pg_catalog.=) ANY ($1::pg_catalog.text[]))
-		FROM pg_catalog.pg_roles r, pg_catalog.pg_database d
+		        WHERE pg_catalog.lower(s.name) OPERATOR(pg_catalog.=) ANY ($1::pg_catalog.text[])),
+		       w.n, w.secs
+		FROM pg_catalog.pg_roles r, pg_catalog.pg_database d,
+		     (SELECT pg_catalog.count(*)::int AS n,
+		             coalesce(pg_catalog.max(EXTRACT(epoch FROM pg_catalog.now() OPERATOR(pg_catalog.-) a.query_start)), 0)::float8 AS secs
+		      FROM pg_catalog.pg_stat_activity a
+		      WHERE a.wait_event OPERATOR(pg_catalog.=) 'SyncRep' AND a.usename OPERATOR(pg_catalog.=) session_user) w
 		WHERE r.rolname OPERATOR(pg_catalog.=) session_user AND d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()`,
 		names).Scan(&s.Role, &s.Database, &s.Superuser, &s.InRecovery, &s.ReadOnly,
-		&s.RoleConnLimit, &s.DatabaseConnLimit, &s.ServerLimit, &settings)
+		&s.RoleConnLimit, &s.DatabaseConnLimit, &s.ServerLimit, &settings, &s.SyncRepWaiting, &syncRepSecs)
 	if err != nil {
 		return Session{}, fmt.Errorf("read the database's settings: %w", err)
 	}
+	s.SyncRepFor = time.Duration(syncRepSecs * float64(time.Second))
 	for _, row := range settings {
 		s.Settings[strings.ToLower(row[0])] = Setting{Name: row[0], Value: row[1], Source: row[2]}
 	}
