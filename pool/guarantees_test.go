@@ -200,19 +200,24 @@ func TestHandlersCannotStarveRenewals(t *testing.T) {
 	}
 }
 
-// One handler's long fenced transaction holds its job's row; the renewals of every other lease
-// go on, and a checkpoint written beside the transaction fails instead of waiting for ever.
-func TestLongFencedTransactionLeavesOtherLeasesAlone(t *testing.T) {
+// A handler's fenced transaction that lasts several leases keeps its job's lease all along: the
+// fence does not hold the row against renewals, so the job is renewed as usual and neither
+// times out nor runs again, and its completion commits once. The other leases are not disturbed,
+// and a checkpoint written beside the transaction goes through at once.
+func TestLongFencedTransactionKeepsItsLease(t *testing.T) {
 	t.Parallel()
 	cfg := fastConfig()
-	cfg.LeaseDuration, cfg.HeartbeatInterval = time.Second, 200*time.Millisecond
+	cfg.LeaseDuration, cfg.HeartbeatInterval, cfg.RescueInterval = time.Second, 200*time.Millisecond, 100*time.Millisecond
 	db := pgtest.Pool(t)
+	ctx := context.Background()
+	mustExec(t, db, `CREATE TABLE effects (job_id bigint)`)
 	release := make(chan struct{})
 	progressErr := make(chan error, 1)
-	others := make(chan error, 10)
-	var othersRunning atomic.Int32
+	ended := make(chan error, 10)
+	var othersRunning, fencedRuns atomic.Int32
 	p, b := setup(t, db, cfg, map[string]pool.Handler{
 		"fenced": pool.HandlerFunc(func(ctx context.Context, j *pool.Job) error {
+			fencedRuns.Add(1)
 			return pgx.BeginFunc(context.Background(), db, func(tx pgx.Tx) error {
 				if err := j.Fence(ctx, tx); err != nil {
 					return err
@@ -220,9 +225,17 @@ func TestLongFencedTransactionLeavesOtherLeasesAlone(t *testing.T) {
 				if err := j.SetProgressTx(ctx, tx, map[string]string{"step": "in tx"}); err != nil {
 					return err
 				}
+				if _, err := tx.Exec(ctx, `INSERT INTO effects VALUES ($1)`, j.ID); err != nil {
+					return err
+				}
 				progressErr <- j.SetProgress(context.Background(), "beside")
-				<-release // a slow business transaction, longer than the lease
-				return nil
+				select {
+				case <-release: // a slow business transaction, several leases long
+				case <-ctx.Done():
+					ended <- fmt.Errorf("fenced job: %w", context.Cause(ctx))
+					return context.Cause(ctx)
+				}
+				return j.CompleteTx(ctx, tx)
 			})
 		}),
 		"other": pool.HandlerFunc(func(ctx context.Context, j *pool.Job) error {
@@ -231,19 +244,20 @@ func TestLongFencedTransactionLeavesOtherLeasesAlone(t *testing.T) {
 			case <-release:
 				return nil
 			case <-ctx.Done():
-				others <- context.Cause(ctx)
+				ended <- context.Cause(ctx)
 				return context.Cause(ctx)
 			}
 		}),
 	})
-	insert(t, db, "fenced", nil, nil)
+	fenced := insert(t, db, "fenced", nil, nil)
 	for range 3 {
 		insert(t, db, "other", nil, nil)
 	}
 	start(t, p)
 	select {
 	case err := <-progressErr:
-		if !errors.Is(err, pool.ErrRowBusy) {
+		if err != nil {
+			close(release)
 			t.Fatalf("SetProgress beside the fenced transaction: %v", err)
 		}
 	case <-time.After(10 * time.Second):
@@ -251,15 +265,31 @@ func TestLongFencedTransactionLeavesOtherLeasesAlone(t *testing.T) {
 	}
 	waitFor(t, 10*time.Second, func() bool { return othersRunning.Load() == 3 })
 	select {
-	case c := <-others:
-		t.Fatalf("another lease ended while one row was locked: %v", c)
-	case <-time.After(3 * cfg.LeaseDuration):
+	case c := <-ended:
+		close(release)
+		t.Fatalf("a lease ended during a fenced transaction: %v", c)
+	case <-time.After(4 * cfg.LeaseDuration):
 	}
-	if n := p.Metrics().Lease.RenewalsSkipped.Load(); n == 0 {
-		t.Fatal("no renewal skipped the locked row")
+	var renewedAhead bool
+	db.QueryRow(ctx, `SELECT lease_expires_at > now() + interval '500 milliseconds' FROM leash.jobs WHERE id = $1`, fenced).Scan(&renewedAhead)
+	if !renewedAhead {
+		close(release)
+		t.Fatal("the fenced job's lease was not renewed during its transaction")
 	}
 	close(release)
 	b.events.wait(t, 4, 20*time.Second)
+	var n int
+	db.QueryRow(ctx, `SELECT count(*) FROM effects WHERE job_id = $1`, fenced).Scan(&n)
+	if r := getRow(t, db, fenced); r.State != "completed" || r.Attempt != 1 || n != 1 || fencedRuns.Load() != 1 ||
+		string(r.Progress) != `{"step": "in tx"}` {
+		t.Fatalf("fenced job %+v, %d effects, %d runs", r, n, fencedRuns.Load())
+	}
+	if n := p.Metrics().Lease.RenewalsSkipped.Load(); n != 0 {
+		t.Fatalf("%d renewals skipped", n)
+	}
+	if n := p.Metrics().StaleWrites.Load(); n != 0 {
+		t.Fatalf("%d stale writes", n)
+	}
 }
 
 // A job's timeout (its column, or the kind's default) cancels the handler with ErrTimeout and

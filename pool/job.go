@@ -19,7 +19,8 @@ import (
 var ErrFenced = errors.New("lease token no longer holds")
 
 // ErrRowBusy means SetProgress could not lock the job's row in time because another transaction
-// held it, typically the job's own fenced transaction (use SetProgressTx inside it).
+// was writing it (an operator's UPDATE, or a transaction of the handler's that updates the row
+// itself; Fence, SetProgressTx and CompleteTx do not hold it so).
 var ErrRowBusy = errors.New("job row locked by another transaction")
 
 // Job is one claimed attempt of a job, handed to its Handler.
@@ -92,9 +93,14 @@ func (j *Job) EnsureActive() error { return j.lease.EnsureActive() }
 // Fence locks the job's row in tx and fails (wrapping ErrFenced and the lease's cause) unless
 // this claim still holds it unrevoked, so the handler's own writes in tx commit only under a
 // live lease: a worker that lost the job can no longer commit in its name, and a revocation
-// committed before the fence wins (it also cancels the handler's context). A revocation that
-// comes later waits for tx. tx's isolation level is the application's: under REPEATABLE READ
-// or SERIALIZABLE, a row renewed after tx took its snapshot fails the fence with a serialization
+// committed before the fence wins (it also cancels the handler's context). The lock keeps every
+// takeover off the job while tx lasts, yet lets its lease be renewed, however long tx takes, and
+// lets a revocation through at once: the handler's context is cancelled with lease.ErrRevoked,
+// and tx's commit then fails (SQLSTATE LR001; LR002 if the claim lost the job), so nothing of tx
+// commits after a revocation did. Write the job's own row only through SetProgressTx and
+// CompleteTx: an UPDATE of leash.jobs in tx holds the row against renewals and revocations
+// until tx ends. tx's isolation level is the application's: under REPEATABLE READ or
+// SERIALIZABLE, a row renewed after tx took its snapshot fails the fence with a serialization
 // failure (SQLSTATE 40001), never with a stale success; fence first in tx and retry on 40001.
 func (j *Job) Fence(ctx context.Context, tx pgx.Tx) error {
 	if err := j.lease.EnsureActive(); err != nil {
@@ -124,8 +130,9 @@ func (j *Job) rowError(err error) error {
 // CompleteTx marks the job completed inside tx, fenced by its token, so the handler's effects
 // and the completion commit together or not at all (exactly once for work in the same
 // database). A revocation committed before it wins: it fails wrapping ErrFenced and
-// lease.ErrRevoked, and tx should roll back. If tx rolls back, the job's outcome is whatever
-// the handler returns.
+// lease.ErrRevoked, and tx should roll back; one that commits after it makes tx's commit fail.
+// The completion is written by tx's commit, so the row reads as running inside tx. If tx rolls
+// back, the job's outcome is whatever the handler returns.
 func (j *Job) CompleteTx(ctx context.Context, tx pgx.Tx) error {
 	if err := j.lease.EnsureActive(); err != nil {
 		return fmt.Errorf("complete job %d: %w: %w", j.ID, ErrFenced, err)
@@ -138,9 +145,9 @@ func (j *Job) CompleteTx(ctx context.Context, tx pgx.Tx) error {
 }
 
 // SetProgress stores v (marshalled to JSON) as the job's checkpoint, fenced by its token; a
-// retry can read it back with Progress. `worker status` shows it. Inside a fenced transaction
-// use SetProgressTx: SetProgress writes through its own connection and cannot wait for the lock
-// that transaction holds (it fails with an error instead, after a short wait).
+// retry can read it back with Progress. `worker status` shows it. It writes through its own
+// connection and commits at once, beside a fenced transaction too; while another transaction
+// writes the row it fails with ErrRowBusy after a short wait.
 func (j *Job) SetProgress(ctx context.Context, v any) error {
 	b, err := json.Marshal(v)
 	if err != nil {
@@ -153,7 +160,7 @@ func (j *Job) SetProgress(ctx context.Context, v any) error {
 }
 
 // SetProgressTx stores v as the job's checkpoint inside tx (for instance after Fence), fenced by
-// its token: it commits with tx or not at all.
+// its token: it is written by tx's commit, under the fence, or not at all.
 func (j *Job) SetProgressTx(ctx context.Context, tx pgx.Tx, v any) error {
 	b, err := json.Marshal(v)
 	if err != nil {

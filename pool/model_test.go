@@ -73,6 +73,9 @@ const (
 	// modelLate absorbs a goroutine that records a lease's end late on a starved machine: the
 	// trust window ends 200ms before the lease can expire, so a worker cut off stops first.
 	modelLate = 200 * time.Millisecond
+	// modelLongHold: a fenced transaction held longer than this waits on its context, as a
+	// business transaction waiting on something would.
+	modelLongHold = 500 * time.Millisecond
 
 	// The stored form of error texts: cleaned and cut to 16 KiB plus a short note.
 	modelMaxStoredText = 16<<10 + 64
@@ -604,7 +607,15 @@ func (m *model) effect(ctx context.Context, j *pool.Job, e *mexec, hold time.Dur
 	if _, err := tx.Exec(ctx, `INSERT INTO model_ledger (job_id, token) VALUES ($1, $2)`, j.ID, j.Token); err != nil {
 		return err
 	}
-	time.Sleep(hold) // a slow business transaction holds the job's row
+	if hold > modelLongHold {
+		// A fenced transaction longer than the trust window: its lease must hold all along, and a
+		// revocation must reach it at once and keep it from committing.
+		if err := pool.Sleep(ctx, hold); err != nil {
+			return err
+		}
+	} else {
+		time.Sleep(hold) // a slow business transaction holds the job's row
+	}
 	if err := j.CompleteTx(ctx, tx); err != nil {
 		return err
 	}
@@ -718,6 +729,9 @@ func (m *model) newStep(mj *mjob, attempt int, successOnly bool) mstep {
 		s.d = modelDur(m.jobRng, 200, 2500)
 	case actEffect, actEffectErr:
 		s.d, s.hold = modelDur(m.jobRng, 0, 40), modelDur(m.jobRng, 0, 60)
+		if m.jobRng.IntN(5) == 0 {
+			s.hold = modelDur(m.jobRng, 900, 2200) // longer than the trust window, up to two leases
+		}
 	case actRetryAfter:
 		s.d = modelDur(m.jobRng, 0, 40)
 	case actBlockDeaf:

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/leashq/leash/internal/pgtest"
@@ -334,5 +335,147 @@ func TestRevokeRacesComplete(t *testing.T) {
 	t.Log(seen)
 	if n := p.Metrics().StaleWrites.Load(); n != 0 {
 		t.Fatalf("%d stale writes", n)
+	}
+}
+
+// stubbornFenced is a handler that fences its job in a transaction, writes a business row, waits
+// for its context and then commits all the same, as a handler that ignores its cancellation
+// would: the commit must fail once the job was revoked.
+type stubbornFenced struct {
+	db      *pgxpool.Pool
+	started chan int64
+	causes  chan error
+	commits chan error
+}
+
+func newStubbornFenced(t *testing.T, db *pgxpool.Pool) *stubbornFenced {
+	mustExec(t, db, `CREATE TABLE effects (job_id bigint)`)
+	return &stubbornFenced{db: db, started: make(chan int64, 10), causes: make(chan error, 10), commits: make(chan error, 10)}
+}
+
+func (h *stubbornFenced) Handle(ctx context.Context, j *pool.Job) error {
+	err := pgx.BeginFunc(context.Background(), h.db, func(tx pgx.Tx) error {
+		if err := j.Fence(ctx, tx); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(context.Background(), `INSERT INTO effects VALUES ($1)`, j.ID); err != nil {
+			return err
+		}
+		h.started <- j.ID
+		<-ctx.Done()
+		h.causes <- context.Cause(ctx)
+		return nil // commit anyway
+	})
+	h.commits <- err
+	return err
+}
+
+func (h *stubbornFenced) effects(t *testing.T, id int64) (n int) {
+	t.Helper()
+	if err := h.db.QueryRow(context.Background(), `SELECT count(*) FROM effects WHERE job_id = $1`, id).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// A revocation of a job inside its fenced transaction neither waits for that transaction nor
+// loses to it, by revoke_job or by the console's UPDATE of revoked_at: the revocation returns at
+// once, the handler is cancelled at once (the heartbeat is far too slow to explain it), its
+// transaction's commit fails, and the job ends cancelled with nothing of the transaction
+// committed.
+func TestRevocationReachesFencedTransaction(t *testing.T) {
+	t.Parallel()
+	for _, how := range []string{"revoke_job", "update"} {
+		t.Run(how, func(t *testing.T) {
+			t.Parallel()
+			db := pgtest.Pool(t)
+			h := newStubbornFenced(t, db)
+			p, b := setup(t, db, slowHeartbeat(), map[string]pool.Handler{"fenced": h})
+			id := insert(t, db, "fenced", nil, nil)
+			start(t, p)
+			<-h.started
+			waitFor(t, 10*time.Second, p.ListenerConnected)
+			rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			sent := time.Now()
+			var err error
+			if how == "revoke_job" {
+				_, err = db.Exec(rctx, `SELECT leash.revoke_job($1, 'stop it')`, id)
+			} else {
+				_, err = db.Exec(rctx, `UPDATE leash.jobs SET revoked_at = now(), revoke_reason = 'stop it' WHERE id = $1`, id)
+			}
+			if err != nil {
+				t.Fatalf("revocation beside the fenced transaction: %v", err)
+			}
+			if d := time.Since(sent); d > time.Second {
+				t.Fatalf("the revocation took %s", d)
+			}
+			select {
+			case c := <-h.causes:
+				if !errors.Is(c, lease.ErrRevoked) {
+					t.Fatalf("cause %v", c)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("the handler was not told of the revocation")
+			}
+			if err := <-h.commits; err == nil || !strings.Contains(err.Error(), "LR001") {
+				t.Fatalf("commit after the revocation: %v", err)
+			}
+			b.events.wait(t, 1, 10*time.Second)
+			if r := getRow(t, db, id); r.State != "cancelled" || !r.Revoked || h.effects(t, id) != 0 {
+				t.Fatalf("row %+v, %d effects", r, h.effects(t, id))
+			}
+		})
+	}
+}
+
+// A revocation whose notification never comes (here its triggers are off for the revoking
+// session, so none is sent) still reaches a handler inside its fenced transaction: the next
+// heartbeat finds it in the row, and the transaction cannot commit.
+func TestRevocationWithoutNotificationReachesFencedTransaction(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	h := newStubbornFenced(t, db)
+	cfg := fastConfig()
+	cfg.LeaseDuration, cfg.HeartbeatInterval = 2*time.Second, 200*time.Millisecond
+	p, b := setup(t, db, cfg, map[string]pool.Handler{"fenced": h})
+	id := insert(t, db, "fenced", nil, nil)
+	start(t, p)
+	<-h.started
+	ctx := context.Background()
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	tx, err := db.Begin(rctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	var ok bool
+	if _, err := tx.Exec(rctx, `SET LOCAL session_replication_role = replica`); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.QueryRow(rctx, `SELECT leash.revoke_job($1, 'quietly')`, id).Scan(&ok); err != nil || !ok {
+		t.Fatalf("revoke: %v %v", ok, err)
+	}
+	if err := tx.Commit(rctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case c := <-h.causes:
+		if !errors.Is(c, lease.ErrRevoked) {
+			t.Fatalf("cause %v", c)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the handler was not told of the revocation")
+	}
+	if err := <-h.commits; err == nil || !strings.Contains(err.Error(), "LR001") {
+		t.Fatalf("commit after the revocation: %v", err)
+	}
+	b.events.wait(t, 1, 10*time.Second)
+	if r := getRow(t, db, id); r.State != "cancelled" || !r.Revoked || h.effects(t, id) != 0 {
+		t.Fatalf("row %+v, %d effects", r, h.effects(t, id))
+	}
+	if m := &p.Metrics().Lease; m.RevokedByRenewal.Load()+m.RevokedByRecheck.Load() != 1 || p.Metrics().RevokedByNotification.Load() != 0 {
+		t.Fatalf("revocation not found by the heartbeat: renewal %d, recheck %d, notification %d", p.Metrics().Lease.RevokedByRenewal.Load(), p.Metrics().Lease.RevokedByRecheck.Load(), p.Metrics().RevokedByNotification.Load())
 	}
 }

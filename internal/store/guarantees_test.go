@@ -162,8 +162,9 @@ func TestFinishStoresHostileText(t *testing.T) {
 	}
 }
 
-// Renewals never wait on a row lock: a long transaction holding one job's row (a handler's
-// fenced transaction) neither delays nor fails the renewal of the others.
+// Renewals never wait on a row lock: a long transaction writing one job's row (an operator's
+// SELECT ... FOR UPDATE, a handler's own UPDATE of it) neither delays nor fails the renewal of the
+// others.
 func TestRenewSkipsLockedRows(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -177,7 +178,7 @@ func TestRenewSkipsLockedRows(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	if err := store.Fence(ctx, tx, held[1].ID, held[1].Token); err != nil {
+	if _, err := tx.Exec(ctx, `SELECT FROM leash.jobs WHERE id = $1 FOR NO KEY UPDATE`, held[1].ID); err != nil {
 		t.Fatal(err)
 	}
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
@@ -190,8 +191,8 @@ func TestRenewSkipsLockedRows(t *testing.T) {
 	if len(ids) != 2 || ids[0] == held[1].Token || ids[1] == held[1].Token {
 		t.Fatalf("renewed %v; want the two unlocked leases", ids)
 	}
-	// SetProgress beside the open fenced transaction fails instead of waiting forever;
-	// SetProgressTx goes through it.
+	// SetProgress beside the open transaction fails instead of waiting forever; SetProgressTx
+	// goes through it.
 	err = store.SetProgress(ctx, db, held[1].ID, held[1].Token, []byte(`{"n":1}`))
 	if err == nil || !strings.Contains(err.Error(), store.ErrRowBusy.Error()) {
 		t.Fatalf("SetProgress beside a fenced transaction: %v", err)

@@ -207,9 +207,14 @@ var ErrFenced = errors.New("lease token no longer holds")
 // revoked: nothing more may commit in its name.
 var ErrRevokedRow = errors.New("job revoked")
 
-// Fence locks the job row in tx and fails with ErrFenced unless it is still running under token,
-// or with ErrRevokedRow when it was revoked, so that the caller's other writes in tx commit only
-// under a live, unrevoked lease. A revocation arriving later waits for tx.
+// Fence locks the job row in tx FOR KEY SHARE and fails with ErrFenced unless it is still running
+// under token, or with ErrRevokedRow when it was revoked, so that the caller's other writes in tx
+// commit only under a live, unrevoked lease. The lock keeps every takeover off the row until tx
+// ends, and lets renewals, revocations and outcome writes go on beside it: a long transaction
+// keeps its lease, and a revocation neither waits for it nor loses to it, because Fence also
+// stages a check that tx's commit makes again under a lock (leash.apply_fenced_writes): the
+// commit fails with SQLSTATE LR001 (CommitRevokedCode) once the job was revoked, or LR002
+// (CommitFencedCode) once the claim no longer holds it.
 //
 // Fence, CompleteTx, SetProgress and SetProgressTx run on the application's connections, with
 // its settings: their SQL names every function and operator with its schema, so that no
@@ -218,16 +223,33 @@ var ErrRevokedRow = errors.New("job revoked")
 // was taken fails the lock with a serialization failure (SQLSTATE 40001), never with a stale
 // success; fence first in the transaction to keep that window short, and retry on 40001.
 func Fence(ctx context.Context, tx DBTX, id, token int64) error {
+	return stageFenced(ctx, tx, "fence", id, token, `INSERT INTO leash.fenced_writes (job_id, token) SELECT $1, $2 FROM cur WHERE NOT cur.revoked`)
+}
+
+// CommitRevokedCode and CommitFencedCode are the SQLSTATEs a fenced transaction's commit fails
+// with when the job was revoked, or the claim no longer holds it, since Fence, SetProgressTx or
+// CompleteTx ran in it.
+const (
+	CommitRevokedCode = "LR001"
+	CommitFencedCode  = "LR002"
+)
+
+// stageFenced locks the job's row FOR KEY SHARE under token and, unless it is revoked, runs
+// stage (a statement reading cur) to stage a write for tx's commit.
+func stageFenced(ctx context.Context, tx DBTX, what string, id, token int64, stage string, args ...any) error {
 	var revoked bool
 	err := tx.QueryRow(ctx, `
-		SELECT revoked_at IS NOT NULL FROM leash.jobs
-		WHERE id OPERATOR(pg_catalog.=) $1 AND lease_token OPERATOR(pg_catalog.=) $2 AND state OPERATOR(pg_catalog.=) 'running'
-		FOR NO KEY UPDATE`, id, token).Scan(&revoked)
+		WITH cur AS (
+			SELECT id, revoked_at IS NOT NULL AS revoked FROM leash.jobs
+			WHERE id OPERATOR(pg_catalog.=) $1 AND lease_token OPERATOR(pg_catalog.=) $2 AND state OPERATOR(pg_catalog.=) 'running'
+			FOR KEY SHARE
+		), staged AS (`+stage+`)
+		SELECT revoked FROM cur`, append([]any{id, token}, args...)...).Scan(&revoked)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return ErrFenced
 	}
 	if err != nil {
-		return fmt.Errorf("fence job %d: %w", id, err)
+		return fmt.Errorf("%s job %d: %w", what, id, err)
 	}
 	if revoked {
 		return ErrRevokedRow
@@ -235,9 +257,11 @@ func Fence(ctx context.Context, tx DBTX, id, token int64) error {
 	return nil
 }
 
-// CompleteTx marks the job completed in tx, guarded by its token; ErrFenced when the lease is
-// gone, ErrRevokedRow when the job was revoked (a revocation committed before the completion
-// wins).
+// CompleteTx completes the job when tx commits, guarded by its token; ErrFenced when the lease
+// is gone, ErrRevokedRow when the job was revoked (a revocation committed before the completion
+// wins). The completion is staged, like Fence's check, and written by tx's commit, which fails
+// if the job was revoked or lost meanwhile; until then the row stays running, so that renewals
+// and revocations go on.
 func CompleteTx(ctx context.Context, tx DBTX, id, token int64, output []byte) error {
 	var out *string
 	if output != nil {
@@ -248,29 +272,8 @@ func CompleteTx(ctx context.Context, tx DBTX, id, token int64, output []byte) er
 		o := string(b)
 		out = &o
 	}
-	var revoked bool
-	err := tx.QueryRow(ctx, `
-		WITH cur AS (
-			SELECT id, revoked_at IS NOT NULL AS revoked FROM leash.jobs
-			WHERE id OPERATOR(pg_catalog.=) $1 AND lease_token OPERATOR(pg_catalog.=) $2 AND state OPERATOR(pg_catalog.=) 'running'
-			FOR NO KEY UPDATE
-		), done AS (
-			UPDATE leash.jobs j SET state = 'completed', finished_at = pg_catalog.now(),
-			    output = $3::pg_catalog.jsonb,
-			    lease_token = NULL, leased_by = NULL, lease_expires_at = NULL
-			FROM cur WHERE j.id OPERATOR(pg_catalog.=) cur.id AND NOT cur.revoked
-		)
-		SELECT revoked FROM cur`, id, token, out).Scan(&revoked)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return ErrFenced
-	}
-	if err != nil {
-		return fmt.Errorf("complete job %d: %w", id, err)
-	}
-	if revoked {
-		return ErrRevokedRow
-	}
-	return nil
+	return stageFenced(ctx, tx, "complete", id, token,
+		`INSERT INTO leash.fenced_writes (job_id, token, complete, output) SELECT $1, $2, true, $3::pg_catalog.jsonb FROM cur WHERE NOT cur.revoked`, out)
 }
 
 // ErrRowBusy means a write could not lock the job's row in time: another transaction holds it
@@ -340,15 +343,21 @@ func SetProgress(ctx context.Context, db DBTX, id, token int64, progress []byte)
 	}
 }
 
-// SetProgressTx stores a checkpoint on the job inside tx, which holds (or takes) the row's lock,
-// guarded by its token; ErrFenced when the lease is gone.
+// SetProgressTx stores a checkpoint on the job when tx commits, guarded by its token; ErrFenced
+// when the lease is gone. Like CompleteTx it is staged and written by tx's commit (which fails if
+// the claim was revoked or lost meanwhile), so tx holds the row no more firmly than Fence does.
 func SetProgressTx(ctx context.Context, tx DBTX, id, token int64, progress []byte) error {
 	progress, err := CleanJSON(progress)
 	if err != nil {
 		return fmt.Errorf("set progress of job %d: %w", id, err)
 	}
-	tag, err := tx.Exec(ctx, `UPDATE leash.jobs SET progress = $3
-		WHERE id OPERATOR(pg_catalog.=) $1 AND lease_token OPERATOR(pg_catalog.=) $2 AND state OPERATOR(pg_catalog.=) 'running'`,
+	tag, err := tx.Exec(ctx, `
+		WITH cur AS (
+			SELECT id FROM leash.jobs
+			WHERE id OPERATOR(pg_catalog.=) $1 AND lease_token OPERATOR(pg_catalog.=) $2 AND state OPERATOR(pg_catalog.=) 'running'
+			FOR KEY SHARE
+		)
+		INSERT INTO leash.fenced_writes (job_id, token, progress) SELECT $1, $2, $3::pg_catalog.jsonb FROM cur`,
 		id, token, string(progress))
 	if err != nil {
 		return fmt.Errorf("set progress of job %d: %w", id, err)
