@@ -111,12 +111,14 @@ CREATE CONSTRAINT TRIGGER fenced_writes_apply
     DEFERRABLE INITIALLY DEFERRED
     FOR EACH ROW EXECUTE FUNCTION leash.apply_fenced_writes();
 
--- Any role that may use schema leash may stage writes, so that workers and applications running
--- as roles of their own need no new grant. That gives a role without rights on leash.jobs
--- nothing: it sees no committed row (there are none), its own rows block nobody (no unique
--- index, no foreign key), and it cannot commit them, since applying them updates or locks a
--- row of leash.jobs with its own rights.
-GRANT SELECT, INSERT, DELETE ON leash.fenced_writes TO PUBLIC;
+-- Only its owner may use it until granted, like every table of schema leash: a worker role of its
+-- own (the role whose transactions call Fence, SetProgressTx or CompleteTx) needs
+--   GRANT SELECT, INSERT, DELETE ON leash.fenced_writes TO worker;
+-- (README, Privileges). Even granted, it gives a role without rights on leash.jobs nothing: it
+-- sees no committed row (there are none), its own rows block nobody (no unique index, no foreign
+-- key), and it cannot commit them, since applying them updates or locks a row of leash.jobs with
+-- its own rights.
+REVOKE ALL ON leash.fenced_writes FROM PUBLIC;
 
 -- Durable revocation, as before, without waiting for a fenced transaction of the job: the row is
 -- locked FOR NO KEY UPDATE, which Fence's FOR KEY SHARE allows. The revocation commits at once,

@@ -281,9 +281,9 @@ func TestFencedTransactionEndsThenTakeover(t *testing.T) {
 	}
 }
 
-// A role without rights on leash.jobs gains nothing from leash.fenced_writes, which any role may
-// write to: its staged rows never commit, and while its transaction holds them open, fences,
-// commits and renewals of that very job go on.
+// A role granted leash.fenced_writes but no right on leash.jobs gains nothing from it: its staged
+// rows never commit, and while its transaction holds them open, fences, commits and renewals of
+// that very job go on. (A role without that grant may not stage at all.)
 func TestFencedWritesGiveNothingToRolesWithoutGrants(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -293,8 +293,22 @@ func TestFencedWritesGiveNothingToRolesWithoutGrants(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		db.Exec(context.Background(), fmt.Sprintf(`REVOKE ALL ON SCHEMA leash FROM %s; DROP ROLE %s`, role, role))
+		db.Exec(context.Background(), fmt.Sprintf(`REVOKE ALL ON leash.fenced_writes FROM %s; REVOKE ALL ON SCHEMA leash FROM %s; DROP ROLE %s`, role, role, role))
 	})
+	{
+		tx, err := db.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = tx.Exec(ctx, "SET LOCAL ROLE "+role+"; INSERT INTO leash.fenced_writes (job_id, token) VALUES (1, 1)")
+		tx.Rollback(ctx)
+		if err == nil {
+			t.Fatal("a role without grants staged a write")
+		}
+	}
+	if _, err := db.Exec(ctx, fmt.Sprintf(`GRANT SELECT, INSERT, DELETE ON leash.fenced_writes TO %s`, role)); err != nil {
+		t.Fatal(err)
+	}
 	j := runningJob(t, db, time.Minute)
 	asRole := func() pgx.Tx {
 		tx, err := db.Begin(ctx)
