@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"sync/atomic"
 	"time"
@@ -194,12 +195,19 @@ func leashDrain(ctx context.Context, p *pool.Pool, c *counter) time.Duration {
 // rawFloor is the cost any queue on leash's schema pays: one goroutine claiming 100 jobs and
 // completing those 100 per round, with nothing else.
 func rawFloor(ctx context.Context, db *pgxpool.Pool, n int) time.Duration {
+	// Claims take a queue only through its row in leash.queues, which a pool creates.
+	if err := store.EnsureQueues(ctx, db, []string{"default"}); err != nil {
+		fail(err)
+	}
 	began := time.Now()
 	done := 0
 	for done < n {
 		jobs, err := store.Claim(ctx, db, store.ClaimParams{Queues: []string{"default"}, Limit: 100, WorkerID: "raw", Lease: time.Minute})
 		if err != nil {
 			fail(err)
+		}
+		if len(jobs) == 0 && time.Since(began) > time.Minute {
+			fail(fmt.Errorf("raw floor: nothing claimed after %s with %d of %d done", time.Since(began), done, n))
 		}
 		outs := make([]store.Outcome, len(jobs))
 		for i, j := range jobs {
