@@ -255,3 +255,22 @@ func TestScheduleTicksFoldWhileTheirJobWaits(t *testing.T) {
 		t.Fatalf("%d jobs running; want 1", n)
 	}
 }
+
+// A tick is not folded into a job an operator postponed past it: the schedule goes on firing.
+func TestScheduleTickNotFoldedIntoPostponedJob(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	ctx := context.Background()
+	if _, err := pool.PauseQueue(ctx, db, "post"); err != nil {
+		t.Fatal(err)
+	}
+	cfg := scheduleConfig(pool.Schedule{Name: "post", Spec: "@every 100ms", Kind: "post", Queue: "post"})
+	cfg.Queues = []string{"post"}
+	p, _ := setup(t, db, cfg, map[string]pool.Handler{"post": noop()})
+	start(t, p)
+	waitFor(t, 20*time.Second, func() bool { return count(t, db, `SELECT count(*) FROM leash.jobs WHERE kind = 'post'`) == 1 })
+	if _, err := db.Exec(ctx, `UPDATE leash.jobs SET run_at = now() + interval '1 year' WHERE kind = 'post'`); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, func() bool { return count(t, db, `SELECT count(*) FROM leash.jobs WHERE kind = 'post'`) >= 2 })
+}

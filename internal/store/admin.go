@@ -49,16 +49,34 @@ type RunningJob struct {
 	Progress     string
 }
 
+
+// finiteTS is col as a timestamp time.Time can hold and NULL as NULL: any SQL client may write
+// infinity or -infinity, which read as the largest and smallest time the admin reads show.
+func finiteTS(col string) string {
+	return `CASE WHEN ` + col + ` IS NULL THEN NULL WHEN pg_catalog.isfinite(` + col + `) THEN ` + col +
+		` WHEN ` + col + ` > 'epoch'::timestamptz THEN '9999-12-31 00:00:00+00'::timestamptz ELSE '0001-01-01 00:00:00+00'::timestamptz END`
+}
+
+// span is a - b as an interval a time.Duration can hold (within ±100 years), NULL when either is
+// NULL: an infinite timestamp reads as the farthest span, never as an error that fails the read
+// of every row.
+func span(a, b string) string {
+	return `CASE WHEN ` + a + ` IS NULL OR ` + b + ` IS NULL THEN NULL` +
+		` WHEN pg_catalog.isfinite(` + a + `) AND pg_catalog.isfinite(` + b + `) THEN least(greatest(` + a + ` - ` + b + `, interval '-100 years'), interval '100 years')` +
+		` WHEN ` + a + ` > ` + b + ` THEN interval '100 years' ELSE interval '-100 years' END`
+}
+
 // The statements of ReadStatus and RecentFailures.
-const (
+var (
 	statusCountsSQL  = `SELECT queue, state, count(*) FROM leash.jobs GROUP BY 1, 2 ORDER BY 1, 2`
 	oldestWaitingSQL = `
-		SELECT id, kind, queue, now() - run_at FROM leash.jobs
+		SELECT id, kind, queue, ` + span("now()", "run_at") + ` FROM leash.jobs
 		WHERE state IN ('available', 'retryable') AND run_at <= now()
 		ORDER BY run_at, id LIMIT 1`
 	runningSQL = `
 		SELECT id, kind, queue, coalesce(leased_by, ''), attempt, max_attempts, lease_token,
-		       now() - heartbeat_at, lease_expires_at - now(), revoked_at IS NOT NULL, coalesce(progress::text, '')
+		       coalesce(` + span("now()", "heartbeat_at") + `, interval '0'), coalesce(` + span("lease_expires_at", "now()") + `, interval '0'),
+		       revoked_at IS NOT NULL, coalesce(progress::text, '')
 		FROM leash.jobs WHERE state = 'running'
 		ORDER BY heartbeat_at LIMIT $1`
 	// Queued and running jobs only: the partial indexes hold them, so the cost follows the
@@ -75,11 +93,11 @@ const (
 	// rescuer and revocation set it together with the state).
 	recentFailuresSQL = `
 		SELECT * FROM (
-			(SELECT ` + jobColumns + ` FROM leash.jobs
-			 WHERE state = 'failed' AND finished_at IS NOT NULL ORDER BY finished_at DESC LIMIT $1)
+			(SELECT ` + jobColumns + ` FROM leash.jobs j
+			 WHERE j.state = 'failed' AND j.finished_at IS NOT NULL ORDER BY j.finished_at DESC LIMIT $1)
 			UNION ALL
-			(SELECT ` + jobColumns + ` FROM leash.jobs
-			 WHERE state = 'retryable' ORDER BY attempted_at DESC NULLS LAST LIMIT $1)
+			(SELECT ` + jobColumns + ` FROM leash.jobs j
+			 WHERE j.state = 'retryable' ORDER BY j.attempted_at DESC NULLS LAST LIMIT $1)
 		) f
 		ORDER BY coalesce(finished_at, attempted_at) DESC NULLS LAST LIMIT $1`
 )
@@ -154,9 +172,10 @@ type JobRow struct {
 	Output         *string // pretty-printed JSON
 }
 
-const jobColumns = `id, queue, kind, jsonb_pretty(payload), state, priority, attempt, max_attempts, run_at,
-	lease_token, leased_by, lease_expires_at - now(), now() - heartbeat_at, revoked_at, revoke_reason,
-	progress::text, last_error, jsonb_pretty(errors), created_at, attempted_at, finished_at,
+var jobColumns = `id, queue, kind, jsonb_pretty(payload), state, priority, attempt, max_attempts, ` + finiteTS("run_at") + ` AS run_at,
+	lease_token, leased_by, ` + span("lease_expires_at", "now()") + ` AS lease_expires_in, ` + span("now()", "heartbeat_at") + ` AS heartbeat_age,
+	` + finiteTS("revoked_at") + ` AS revoked_at, revoke_reason, progress::text, last_error, jsonb_pretty(errors),
+	` + finiteTS("created_at") + ` AS created_at, ` + finiteTS("attempted_at") + ` AS attempted_at, ` + finiteTS("finished_at") + ` AS finished_at,
 	unique_key, jsonb_pretty(output)`
 
 // GetJob reads one job; pgx.ErrNoRows when there is none.
@@ -258,7 +277,8 @@ func ListJobs(ctx context.Context, db Beginner, p ListParams) ([]JobSummary, err
 			return err
 		}
 		rows, err := tx.Query(ctx, `
-			SELECT id, queue, kind, state, attempt, max_attempts, created_at, run_at, finished_at, left(last_error, 200)
+			SELECT id, queue, kind, state, attempt, max_attempts, `+finiteTS("created_at")+`, `+finiteTS("run_at")+`,
+			       `+finiteTS("finished_at")+`, left(last_error, 200)
 			FROM leash.jobs WHERE `+strings.Join(where, " AND ")+`
 			ORDER BY id DESC LIMIT $1`, args...)
 		if err != nil {

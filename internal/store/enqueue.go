@@ -51,8 +51,8 @@ const onKeyConflict = `
 // insertPlainSQL adds one job without a unique key.
 const insertPlainSQL = `
 	INSERT INTO leash.jobs (queue, kind, payload, priority, max_attempts, run_at, timeout, trace_context)
-	VALUES ($1, $2, coalesce($3::jsonb, '{}'), $4, $5,
-	        coalesce($6, pg_catalog.now() OPERATOR(pg_catalog.+) $7::interval), $8::interval, $9::jsonb)
+	VALUES ($1, $2, coalesce($3::pg_catalog.jsonb, '{}'), $4, $5,
+	        coalesce($6, pg_catalog.now() OPERATOR(pg_catalog.+) $7::interval), $8::interval, $9::pg_catalog.jsonb)
 	RETURNING id`
 
 // insertSQL adds one job unless its unique key $9 is taken: by an unfinished job (the partial
@@ -60,8 +60,8 @@ const insertPlainSQL = `
 // when the key is taken.
 const insertSQL = `
 	INSERT INTO leash.jobs (queue, kind, payload, priority, max_attempts, run_at, timeout, unique_key, trace_context)
-	SELECT $1, $2, coalesce($3::jsonb, '{}'), $4, $5,
-	       coalesce($6, pg_catalog.now() OPERATOR(pg_catalog.+) $7::interval), $8::interval, $9, $11::jsonb
+	SELECT $1, $2, coalesce($3::pg_catalog.jsonb, '{}'), $4, $5,
+	       coalesce($6, pg_catalog.now() OPERATOR(pg_catalog.+) $7::interval), $8::interval, $9, $11::pg_catalog.jsonb
 	WHERE $10::interval IS NULL OR NOT EXISTS (
 		SELECT FROM leash.jobs f
 		WHERE f.unique_key OPERATOR(pg_catalog.=) $9
@@ -231,13 +231,13 @@ func inSavepoint(ctx context.Context, db DBTX, f func() error) error {
 // (including by an earlier row of the same statement). COPY cannot skip conflicts.
 const insertManyUniqueSQL = `
 	INSERT INTO leash.jobs (queue, kind, payload, priority, max_attempts, run_at, timeout, unique_key, trace_context)
-	SELECT r.queue, r.kind, r.payload::jsonb, r.priority, r.max_attempts,
+	SELECT r.queue, r.kind, r.payload::pg_catalog.jsonb, r.priority, r.max_attempts,
 	       coalesce(r.run_at, pg_catalog.now() OPERATOR(pg_catalog.+) r.delay), r.timeout, r.unique_key,
-	       r.trace_context::jsonb
-	FROM ROWS FROM (pg_catalog.unnest($1::text[]), pg_catalog.unnest($2::text[]), pg_catalog.unnest($3::text[]),
-	                pg_catalog.unnest($4::smallint[]), pg_catalog.unnest($5::int[]), pg_catalog.unnest($6::timestamptz[]),
-	                pg_catalog.unnest($7::interval[]), pg_catalog.unnest($8::interval[]), pg_catalog.unnest($9::text[]),
-	                pg_catalog.unnest($10::interval[]), pg_catalog.unnest($11::text[]))
+	       r.trace_context::pg_catalog.jsonb
+	FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.text[]), pg_catalog.unnest($2::pg_catalog.text[]), pg_catalog.unnest($3::pg_catalog.text[]),
+	                pg_catalog.unnest($4::smallint[]), pg_catalog.unnest($5::int[]), pg_catalog.unnest($6::pg_catalog.timestamptz[]),
+	                pg_catalog.unnest($7::interval[]), pg_catalog.unnest($8::interval[]), pg_catalog.unnest($9::pg_catalog.text[]),
+	                pg_catalog.unnest($10::interval[]), pg_catalog.unnest($11::pg_catalog.text[]))
 	     AS r(queue, kind, payload, priority, max_attempts, run_at, delay, timeout, unique_key, within, trace_context)
 	WHERE r.within IS NULL OR NOT EXISTS (
 		SELECT FROM leash.jobs f

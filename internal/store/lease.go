@@ -561,7 +561,11 @@ func Rescue(ctx context.Context, db DBTX, limit int) ([]Rescued, error) {
 	rows, err := db.Query(ctx, `
 		WITH expired AS (
 			SELECT id, lease_token, leased_by FROM leash.jobs
-			WHERE state = 'running' AND lease_expires_at < now()
+			-- A lease that never ends, or not within a year (written so by some SQL client: no
+			-- worker renews for that long), is as good as expired: it would hold its job, and a
+			-- capped queue's room, for ever, beyond the reach of revoke_job.
+			WHERE state = 'running' AND (lease_expires_at < now() OR NOT pg_catalog.isfinite(lease_expires_at)
+			                             OR lease_expires_at > now() + interval '1 year')
 			ORDER BY lease_expires_at
 			LIMIT $1
 			FOR UPDATE SKIP LOCKED

@@ -192,7 +192,11 @@ func ApplyTick(ctx context.Context, tx pgx.Tx, s ScheduleRow, t Tick) (id int64,
 			SELECT $1, $2, $3::jsonb, $4, $5, $6, $7::interval
 			WHERE NOT EXISTS (
 				SELECT FROM leash.jobs w
-				WHERE w.id = $8 AND w.state IN ('available', 'retryable') AND w.queue = $1 AND w.kind = $2)
+				WHERE w.id = $8 AND w.state IN ('available', 'retryable') AND w.queue = $1 AND w.kind = $2
+				  -- Folded only into a job of the same tick values that is due by this tick: one an
+				  -- operator postponed (run_at a year on), or one of an edited schedule, does not
+				  -- swallow the ticks that follow.
+				  AND w.run_at <= $6 AND w.payload = $3::jsonb AND w.priority = $4 AND w.max_attempts = $5)
 			RETURNING id`, s.Queue, s.Kind, s.Payload, s.Priority, s.MaxAttempts, *s.NextRunAt, nullInterval(s.Timeout), s.LastJobID,
 		).Scan(&id)
 		if errors.Is(err, pgx.ErrNoRows) {
