@@ -49,7 +49,6 @@ type RunningJob struct {
 	Progress     string
 }
 
-
 // finiteTS is col as a timestamp time.Time can hold and NULL as NULL: any SQL client may write
 // infinity or -infinity, which read as the largest and smallest time the admin reads show.
 func finiteTS(col string) string {
