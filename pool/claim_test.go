@@ -122,7 +122,7 @@ func TestTwoClaimsInFlight(t *testing.T) {
 	if m := most.Load(); m > int64(cfg.Concurrency) {
 		t.Fatalf("%d handlers ran at once; the pool has %d slots", m, cfg.Concurrency)
 	}
-	if got := p.Metrics().Claimed.Load(); got != n {
+	if got := p.Stats().Claimed; got != n {
 		t.Fatalf("claimed %d; want %d", got, n)
 	}
 }

@@ -2,7 +2,6 @@ package pool
 
 import (
 	"cmp"
-	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -13,7 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/leashq/leash/lease"
+	"github.com/leashq/leash/internal/leasekeeper"
 )
 
 // Defaults for Config fields left zero.
@@ -32,8 +31,8 @@ const (
 	// MaxTimeout is the longest timeout a job or a kind may have (the table's limit).
 	MaxTimeout               = 100 * 24 * time.Hour
 	MaxAttemptsDefault       = 20
-	LeaseDurationDefault     = lease.DurationDefault
-	HeartbeatIntervalDefault = lease.HeartbeatIntervalDefault
+	LeaseDurationDefault     = 30 * time.Second
+	HeartbeatIntervalDefault = 10 * time.Second
 )
 
 // Config configures a Pool. Every field has a working default; New fills and validates it.
@@ -223,8 +222,8 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-func (c Config) leaseConfig() lease.Config {
-	return lease.Config{Duration: c.LeaseDuration, HeartbeatInterval: c.HeartbeatInterval,
+func (c Config) leaseConfig() leasekeeper.Config {
+	return leasekeeper.Config{Duration: c.LeaseDuration, HeartbeatInterval: c.HeartbeatInterval,
 		RetryInterval: c.RenewRetryInterval, SafetyMargin: c.LeaseSafetyMargin}
 }
 
@@ -235,6 +234,16 @@ func (c Config) Validate() error {
 		return &ConfigError{Field: field, Rule: fmt.Sprintf(rule, args...)}
 	}
 	switch {
+	case c.LeaseDuration < 100*time.Millisecond:
+		return bad("LeaseDuration", "must be at least 100ms, got %s", c.LeaseDuration)
+	case c.HeartbeatInterval <= 0:
+		return bad("HeartbeatInterval", "must be positive, got %s", c.HeartbeatInterval)
+	case c.HeartbeatInterval*2 > c.LeaseDuration:
+		return bad("HeartbeatInterval", "%s must be at most half of LeaseDuration (%s), so that a renewal can be retried and still land before the lease expires", c.HeartbeatInterval, c.LeaseDuration)
+	case c.RenewRetryInterval <= 0 || c.RenewRetryInterval > c.HeartbeatInterval:
+		return bad("RenewRetryInterval", "%s must be positive and at most HeartbeatInterval (%s)", c.RenewRetryInterval, c.HeartbeatInterval)
+	case c.LeaseSafetyMargin <= 0 || c.LeaseSafetyMargin >= c.LeaseDuration-c.HeartbeatInterval:
+		return bad("LeaseSafetyMargin", "%s must be positive and below LeaseDuration minus HeartbeatInterval (%s)", c.LeaseSafetyMargin, c.LeaseDuration-c.HeartbeatInterval)
 	case len(c.ID) > 200:
 		return bad("ID", "must be at most 200 characters")
 	case c.Concurrency < 1 || c.Concurrency > 100000:
@@ -285,15 +294,6 @@ func (c Config) Validate() error {
 		if q == "" || utf8.RuneCountInString(q) > 128 || !validName(q) {
 			return bad("Queues", "must hold names of 1 to 128 characters, got %q", q)
 		}
-	}
-	if err := c.leaseConfig().Validate(); err != nil {
-		field := map[string]string{"Duration": "LeaseDuration", "HeartbeatInterval": "HeartbeatInterval",
-			"RetryInterval": "RenewRetryInterval", "SafetyMargin": "LeaseSafetyMargin"}
-		var ce *lease.ConfigError
-		if errors.As(err, &ce) && field[ce.Field] != "" {
-			return bad(field[ce.Field], "%s", ce.Rule)
-		}
-		return bad("LeaseDuration", "%s", err.Error())
 	}
 	return nil
 }

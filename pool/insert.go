@@ -67,7 +67,7 @@ var ErrDuplicate = errors.New("duplicate job")
 // read that job, so DuplicateError.ID is 0. (Under SERIALIZABLE, the transaction may still fail
 // to commit as usual.) InsertMany returns it when any job of the batch meets such a key: then
 // nothing of the batch was inserted.
-var ErrDuplicateNotVisible = store.ErrHolderNotVisible
+var ErrDuplicateNotVisible = errors.New("the job holding the unique key was committed after this transaction's snapshot")
 
 // DuplicateError says which job holds the unique key an insert asked for.
 type DuplicateError struct {
@@ -224,7 +224,8 @@ func InsertMany(ctx context.Context, db CopyDB, jobs []InsertManyParams) (int64,
 		}
 		ps[i] = p
 	}
-	return store.InsertMany(ctx, db, ps)
+	n, err := store.InsertMany(ctx, db, ps)
+	return n, matchAlso(err, store.ErrHolderNotVisible, ErrDuplicateNotVisible)
 }
 
 // Migrate applies leash's pending schema migrations under an advisory lock and returns the

@@ -45,6 +45,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/leashq/leash/internal/leasekeeper"
 	"github.com/leashq/leash/internal/pgtest"
 	"github.com/leashq/leash/lease"
 	"github.com/leashq/leash/notify"
@@ -507,7 +508,7 @@ func (m *model) handle(ctx context.Context, j *pool.Job, mp *mpool) (err error) 
 		r := recover()
 		stop()
 		now := time.Now()
-		cause := j.Lease().Cause()
+		cause := pool.LeaseCause(j)
 		e.seeCause(cause, now)
 		e.mu.Lock()
 		e.returned, e.err, e.panicked, e.causeAtReturn = now, err, r != nil, cause
@@ -1225,7 +1226,7 @@ func (m *model) opForceExpiry(ctx context.Context) {
 	}
 	rescue := m.tgtRng.IntN(2) == 0
 	if rescue {
-		if _, err := (&lease.Rescuer{DB: tx, Interval: time.Hour}).RunOnce(ctx); err != nil {
+		if _, err := (&leasekeeper.Rescuer{DB: tx, Interval: time.Hour}).RunOnce(ctx); err != nil {
 			m.fatalf("rescue: %v", err)
 		}
 	}
@@ -1311,7 +1312,7 @@ func (m *model) settle(ctx context.Context) {
 		case <-time.After(30 * time.Second):
 			m.fatalf("pool %s did not stop within 30s", mp.id)
 		}
-		m.staleSeen.Add(mp.p.Metrics().StaleWrites.Load())
+		m.staleSeen.Add(mp.p.Stats().StaleWrites)
 	}
 	wait := make(chan struct{})
 	go func() { m.handlers.Wait(); close(wait) }()
