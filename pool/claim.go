@@ -30,7 +30,7 @@ func (p *Pool) claimLoop(ctx context.Context) {
 	defer idle.Stop()
 	w := &waiting{p: p}
 	defer w.unregister()
-	c := &claimsInFlight{results: make(chan claimResult, p.cfg.ClaimsInFlight)}
+	c := &claimsInFlight{results: make(chan claimResult, p.cfg.Engine.ClaimsInFlight)}
 	defer c.wait()
 	var idleSince time.Time // zero while work flows
 	claimNow := true        // false after an empty or failed claim, until a wake-up or timer
@@ -43,7 +43,7 @@ func (p *Pool) claimLoop(ctx context.Context) {
 		// Start claims: several while work flows, one at a time otherwise.
 		k := 1
 		if idleSince.IsZero() && !failed && !p.queues.anyCapped() {
-			k = p.cfg.ClaimsInFlight
+			k = p.cfg.Engine.ClaimsInFlight
 		}
 		gathering := false
 		share := (p.cfg.Concurrency + k - 1) / k // what one claim asks for at most
@@ -52,13 +52,13 @@ func (p *Pool) claimLoop(ctx context.Context) {
 			if free <= 0 {
 				break
 			}
-			if saturated && free < share && p.cfg.ClaimGather > 0 {
+			if saturated && free < share && p.cfg.Engine.ClaimGather > 0 {
 				// Jobs are waiting and some slots are still busy: let more free up for a moment
 				// (ClaimGather from the first), so that one claim and one commit take many jobs
 				// rather than each few.
 				now := time.Now()
 				if gatherUntil.IsZero() {
-					gatherUntil = now.Add(p.cfg.ClaimGather)
+					gatherUntil = now.Add(p.cfg.Engine.ClaimGather)
 				}
 				if now.Before(gatherUntil) {
 					gathering = true
@@ -131,7 +131,7 @@ func (p *Pool) claimLoop(ctx context.Context) {
 			continue
 		}
 		full := c.free(p) <= 0
-		waited := !idleSince.IsZero() && time.Since(idleSince) >= p.cfg.WaitAfter
+		waited := !idleSince.IsZero() && time.Since(idleSince) >= p.cfg.Engine.WaitAfter
 		if !full && !failed && waited && !w.registered && time.Now().After(w.retryAt) {
 			if w.register(ctx) {
 				claimNow = true
@@ -148,12 +148,12 @@ func (p *Pool) claimLoop(ctx context.Context) {
 		case gathering:
 			recheck = max(time.Until(gatherUntil), time.Microsecond)
 		case busy > 0 && !full && !failed:
-			recheck = min(max(p.cfg.IdlePollInterval, time.Millisecond)<<min(busy-1, 16), p.cfg.PollInterval)
+			recheck = min(max(p.cfg.Engine.IdlePollInterval, time.Millisecond)<<min(busy-1, 16), p.cfg.PollInterval)
 		case full || failed || idleSince.IsZero():
 		case !w.registered && waited:
 			// Registering failed (and is tried again at the next poll): poll, not spin.
 		case !w.registered:
-			recheck = p.cfg.IdlePollInterval
+			recheck = p.cfg.Engine.IdlePollInterval
 		case w.rechecks < registeredRechecks:
 			// Just registered: an insert whose trigger looked for waiters before the registration
 			// committed, and that committed after the claim that followed it, sent no
@@ -454,8 +454,8 @@ const fullEveryFloor = 10 * time.Millisecond
 // become slow, there is one queue to claim, and there is a control connection to spare for them
 // (renewals and outcomes keep theirs). Called with sc.mu held.
 func (sc *claimScan) beside(p *Pool) bool {
-	return sc.fullCost >= cmp.Or(sc.besideCost, frontBesideCost) && !p.cfg.ClaimFromFront && len(p.cfg.Queues) == 1 &&
-		(p.cfg.ControlConns < 0 || p.cfg.ControlConns >= p.cfg.ClaimsInFlight+3)
+	return sc.fullCost >= cmp.Or(sc.besideCost, frontBesideCost) && !p.cfg.Engine.ClaimFromFront && len(p.cfg.Queues) == 1 &&
+		(p.cfg.ControlConns < 0 || p.cfg.ControlConns >= p.cfg.Engine.ClaimsInFlight+3)
 }
 
 // besideDue reports whether a claim from the front is due beside the others, and for which
@@ -507,7 +507,7 @@ func (sc *claimScan) recheckFrom(now time.Time) int64 {
 func (p *Pool) claimUncapped(sctx context.Context, queues []string, limit int) (int, error) {
 	params := store.ClaimParams{Queues: queues, Limit: limit, WorkerID: p.cfg.ID, Lease: p.cfg.LeaseDuration}
 	sc := &p.scan
-	single := len(queues) == 1 && !p.cfg.ClaimFromFront
+	single := len(queues) == 1 && !p.cfg.Engine.ClaimFromFront
 	sc.mu.Lock()
 	gen := sc.gen
 	if single && sc.queue == queues[0] && sc.after != nil &&
@@ -544,7 +544,7 @@ func (p *Pool) claimUncapped(sctx context.Context, queues []string, limit int) (
 			sc.mu.Unlock()
 		}
 	}()
-	if p.cfg.OutcomesWithClaims {
+	if p.cfg.Engine.OutcomesWithClaims {
 		items = p.takeOutcomes()
 	}
 	sentAt := time.Now()
@@ -641,7 +641,7 @@ func (p *Pool) startAll(jobs []store.ClaimedJob, sentAt time.Time) {
 // takeOutcomes takes the outcomes waiting for the finisher, without waiting.
 func (p *Pool) takeOutcomes() []finishItem {
 	var items []finishItem
-	for len(items) < FinishBatchDefault {
+	for len(items) < finishBatch {
 		select {
 		case it := <-p.finishCh:
 			items = append(items, it)

@@ -395,7 +395,7 @@ func TestForgedTakeoverFloodIsRateLimited(t *testing.T) {
 func TestOutcomesWithClaims(t *testing.T) {
 	t.Parallel()
 	cfg := fastConfig()
-	cfg.OutcomesWithClaims = true
+	cfg.Engine.OutcomesWithClaims = true
 	cfg.LeaseDuration, cfg.HeartbeatInterval = 10*time.Second, time.Second
 	db := pgtest.Pool(t)
 	var runs runCounter

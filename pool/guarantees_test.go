@@ -89,7 +89,7 @@ func TestHostileOutcomeDoesNotPoisonBatch(t *testing.T) {
 	t.Parallel()
 	cfg := fastConfig()
 	cfg.Concurrency = 100
-	cfg.FinishFlushInterval = 200 * time.Millisecond // one batch for all of them
+	cfg.Engine.FinishFlushInterval = 200 * time.Millisecond // one batch for all of them
 	var runs sync.Map
 	gate := make(chan struct{})
 	var arrived atomic.Int32

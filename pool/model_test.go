@@ -400,20 +400,20 @@ func (m *model) startPool() *mpool {
 	// The claim loop's shape, drawn apart from poolRng so that earlier seeds replay as they did.
 	shape := rand.New(rand.NewPCG(uint64(m.seed), 0x5a1e+uint64(n)))
 	cfg := pool.Config{
-		ID:                   fmt.Sprintf("model-%d-w%d", m.seed%10000, n),
-		Concurrency:          3 + m.poolRng.IntN(3),
-		LeaseDuration:        modelLease,
-		HeartbeatInterval:    modelHeartbeat,
-		RescueInterval:       modelDur(m.poolRng, 100, 250),
-		PollInterval:         modelDur(m.poolRng, 40, 150),
-		ShutdownTimeout:      time.Second,
-		ShutdownStallWait:    modelDur(m.poolRng, 50, 300),
-		FinishFlushInterval:  modelDur(m.poolRng, 1, 20),
+		ID:                fmt.Sprintf("model-%d-w%d", m.seed%10000, n),
+		Concurrency:       3 + m.poolRng.IntN(3),
+		LeaseDuration:     modelLease,
+		HeartbeatInterval: modelHeartbeat,
+		RescueInterval:    modelDur(m.poolRng, 100, 250),
+		PollInterval:      modelDur(m.poolRng, 40, 150),
+		ShutdownTimeout:   time.Second,
+		ShutdownStallWait: modelDur(m.poolRng, 50, 300),
+		// One literal, so that poolRng is drawn in the same order as ever (shape is its own).
+		Engine: pool.EngineConfig{FinishFlushInterval: modelDur(m.poolRng, 1, 20),
+			ClaimsInFlight: 1 + shape.IntN(2), ClaimGather: modelDur(shape, 0, 5)},
 		ListenReconnectDelay: modelDur(m.poolRng, 200, 1000),
 		ListenPingInterval:   modelDur(m.poolRng, 1000, 3000),
 		RetryBackoff:         func(int) time.Duration { return retry },
-		ClaimsInFlight:       1 + shape.IntN(2),
-		ClaimGather:          modelDur(shape, 0, 5),
 	}
 	if os.Getenv("LEASH_TEST_LOG") != "" {
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))

@@ -456,12 +456,12 @@ func TestBadInput(t *testing.T) {
 		t.Fatalf("%d rows inserted by bad input", n)
 	}
 	for name, cfg := range map[string]pool.Config{
-		"Concurrency":       {Concurrency: -1},
-		"HeartbeatInterval": {LeaseDuration: time.Second, HeartbeatInterval: 600 * time.Millisecond},
-		"PollInterval":      {PollInterval: time.Millisecond},
-		"Queues":            {Queues: []string{""}},
-		"ClaimsInFlight":    {ClaimsInFlight: 3}, // needs ControlConns 5
-		"ClaimGather":       {ClaimGather: 2 * time.Second},
+		"Concurrency":           {Concurrency: -1},
+		"HeartbeatInterval":     {LeaseDuration: time.Second, HeartbeatInterval: 600 * time.Millisecond},
+		"PollInterval":          {PollInterval: time.Millisecond},
+		"Queues":                {Queues: []string{""}},
+		"Engine.ClaimsInFlight": {Engine: pool.EngineConfig{ClaimsInFlight: 3}}, // needs ControlConns 5
+		"Engine.ClaimGather":    {Engine: pool.EngineConfig{ClaimGather: 2 * time.Second}},
 	} {
 		_, err := pool.New(db, cfg)
 		var ce *pool.ConfigError
@@ -469,7 +469,7 @@ func TestBadInput(t *testing.T) {
 			t.Errorf("config %s: got %v", name, err)
 		}
 	}
-	if _, err := pool.New(db, pool.Config{ClaimsInFlight: 3, ControlConns: 5}); err != nil {
+	if _, err := pool.New(db, pool.Config{Engine: pool.EngineConfig{ClaimsInFlight: 3}, ControlConns: 5}); err != nil {
 		t.Errorf("three claims in flight on five control connections: %v", err)
 	}
 }
