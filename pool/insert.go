@@ -194,7 +194,8 @@ func InsertTx(ctx context.Context, tx pgx.Tx, kind string, payload any, opts *In
 	return Insert(ctx, tx, kind, payload, opts)
 }
 
-// InsertManyParams is one job of a bulk insert.
+// InsertManyParams is one job of a bulk insert. With Kind empty and a Payload that is a JobArgs,
+// the job's kind is the payload's Kind().
 type InsertManyParams struct {
 	Kind    string
 	Payload any
@@ -218,6 +219,9 @@ type CopyDB interface {
 func InsertMany(ctx context.Context, db CopyDB, jobs []InsertManyParams) (int64, error) {
 	ps := make([]store.InsertParams, len(jobs))
 	for i, j := range jobs {
+		if a, ok := j.Payload.(JobArgs); ok && j.Kind == "" {
+			j.Kind = a.Kind()
+		}
 		p, err := params(j.Kind, j.Payload, j.Opts)
 		if err != nil {
 			return 0, fmt.Errorf("job %d: %w", i, err)

@@ -157,6 +157,9 @@ func (j *Job) SetProgress(ctx context.Context, v any) error {
 	if err := j.lease.EnsureActive(); err != nil {
 		return fmt.Errorf("set progress of job %d: %w: %w", j.ID, ErrFenced, err)
 	}
+	if j.db == nil {
+		return fmt.Errorf("set progress of job %d: %w: the job has no database (pooltest without one)", j.ID, ErrFenced)
+	}
 	return j.rowError(store.SetProgress(ctx, j.db, j.ID, j.Token, b))
 }
 
