@@ -498,11 +498,11 @@ func (b *bench) ablation(ctx context.Context) {
 		cfg  pool.Config
 	}{
 		{"leash defaults", pool.Config{}},
-		{"leash, claims not gathered", pool.Config{ClaimGather: -1}},
-		{"leash, two claims in flight", pool.Config{ClaimsInFlight: 2}},
-		{"leash, every claim from the front", pool.Config{ClaimFromFront: true}},
-		{"leash, outcomes with the next claim", pool.Config{OutcomesWithClaims: true}},
-		{"leash, outcomes not gathered (1µs window)", pool.Config{FinishFlushInterval: time.Microsecond}},
+		{"leash, claims not gathered", pool.Config{Engine: pool.EngineConfig{ClaimGather: -1}}},
+		{"leash, two claims in flight", pool.Config{Engine: pool.EngineConfig{ClaimsInFlight: 2}}},
+		{"leash, every claim from the front", pool.Config{Engine: pool.EngineConfig{ClaimFromFront: true}}},
+		{"leash, outcomes with the next claim", pool.Config{Engine: pool.EngineConfig{OutcomesWithClaims: true}}},
+		{"leash, outcomes not gathered (1µs window)", pool.Config{Engine: pool.EngineConfig{FinishFlushInterval: time.Microsecond}}},
 		{"leash, 10 slots", pool.Config{Concurrency: 10}},
 	} {
 		cfg := c.cfg

@@ -83,7 +83,7 @@ func (b *bench) sustainedRun(ctx context.Context, scenario, system string, rate,
 	if leashSystem := strings.HasPrefix(system, "leash"); leashSystem {
 		p := newLeash(db, 100, nil, nil)
 		if system == leashFromFront {
-			p = newLeashConfig(db, pool.Config{Concurrency: 100, ClaimFromFront: true})
+			p = newLeashConfig(db, pool.Config{Concurrency: 100, Engine: pool.EngineConfig{ClaimFromFront: true}})
 		}
 		go p.Run(ctx)
 		stop = func() { p.Shutdown(context.Background()) }

@@ -1,19 +1,14 @@
 package handlers
 
 import (
-	"strings"
 	"unicode/utf8"
+
+	"github.com/leashq/leash/internal/clean"
 )
 
 // Error texts end up in PostgreSQL text and jsonb columns, which refuse NUL bytes and invalid
 // UTF-8. Text that comes from outside (a command's output, a webhook's answer) goes through
-// these before it becomes part of an error.
-
-// cleanText replaces invalid UTF-8 and NUL bytes with U+FFFD.
-func cleanText(s string) string {
-	s = strings.ToValidUTF8(s, "\uFFFD")
-	return strings.ReplaceAll(s, "\x00", "\uFFFD")
-}
+// these before it becomes part of an error; both clean it with clean.Text, leash's one rule.
 
 // headText is the clean start of b, at most n bytes, cut on a character boundary (a character
 // cut off by whoever truncated b is dropped).
@@ -27,7 +22,7 @@ func headText(b []byte, n int) string {
 			break
 		}
 	}
-	s := cleanText(string(b))
+	s := clean.Text(string(b), 0)
 	if len(s) <= n {
 		return s
 	}
@@ -42,7 +37,7 @@ func tailText(b []byte, n int) string {
 	for i := 0; i < utf8.UTFMax-1 && len(b) > 0 && !utf8.RuneStart(b[0]); i++ {
 		b = b[1:] // the rest of a character cut off at the start
 	}
-	s := cleanText(string(b))
+	s := clean.Text(string(b), 0)
 	if len(s) <= n {
 		return s
 	}

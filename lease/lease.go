@@ -1,16 +1,15 @@
-// Package lease keeps every running job on a leash: a Lease per claimed job holding its fencing
-// token and a trust deadline on the monotonic clock, a Keeper that renews all of a worker's
-// leases in one statement per heartbeat, and a Rescuer that takes back jobs whose lease expired.
-// A lease ends with one of the sentinel causes below, which cancel the job's context.
+// Package lease is the lease as a handler sees it: the causes a job's context is cancelled with
+// when its lease ends. Every running job is on a lease, renewed by its worker; when the lease
+// ends, the job's context is cancelled and context.Cause(ctx) tells why:
+//
+//	if errors.Is(context.Cause(ctx), lease.ErrRevoked) { ... }
+//
+// Before a side effect outside the database, a handler calls pool.Job.EnsureActive; for effects
+// in the same database, pool.Job.Fence and pool.Job.CompleteTx. Renewing, ending and rescuing
+// leases is the pool's business alone: no handler can end or renew a lease.
 package lease
 
-import (
-	"context"
-	"errors"
-	"sync"
-	"sync/atomic"
-	"time"
-)
+import "errors"
 
 // Causes a job's context is cancelled with; match them with errors.Is(context.Cause(ctx), ...).
 var (
@@ -26,114 +25,3 @@ var (
 	// ErrShutdown: the worker is shutting down and the grace period ran out.
 	ErrShutdown = errors.New("worker shutting down")
 )
-
-// Lease is one claim of one job: its id, its fencing token and how long this worker may trust
-// that it still holds it.
-type Lease struct {
-	// JobID is the leased job.
-	JobID int64
-	// Token is the fencing token of this claim; every write about the job carries it.
-	Token int64
-
-	cancel    context.CancelCauseFunc
-	timer     *time.Timer
-	window    time.Duration // lease duration minus safety margin
-	onEnd     func(*Lease, error)
-	finishing atomic.Bool
-
-	mu           sync.Mutex
-	trustedUntil time.Time
-	cause        error
-	released     bool // settled and no longer supervised: no renewal revives its timer
-}
-
-// EnsureActive returns nil while the lease is safe for writes, and its cause once it is not.
-// Passing the trust deadline ends the lease with ErrRenewalTimeout, even if the timer that
-// enforces it has not fired yet.
-func (l *Lease) EnsureActive() error {
-	l.mu.Lock()
-	cause := l.cause
-	expired := cause == nil && !time.Now().Before(l.trustedUntil)
-	l.mu.Unlock()
-	if expired {
-		l.End(ErrRenewalTimeout)
-		return l.Cause()
-	}
-	return cause
-}
-
-// Cause is the reason the lease ended, or nil while it holds.
-func (l *Lease) Cause() error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.cause
-}
-
-// trustDeadline is the monotonic deadline until which the lease is trusted.
-func (l *Lease) trustDeadline() time.Time {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.trustedUntil
-}
-
-// End ends the lease with cause and cancels the job's context with it. Only the first cause
-// counts; End reports whether this call was it.
-func (l *Lease) End(cause error) bool {
-	l.mu.Lock()
-	if l.cause != nil {
-		l.mu.Unlock()
-		return false
-	}
-	l.cause = cause
-	l.mu.Unlock()
-	if l.timer != nil {
-		l.timer.Stop()
-	}
-	l.cancel(cause)
-	if l.onEnd != nil {
-		l.onEnd(l, cause)
-	}
-	return true
-}
-
-// MarkFinishing marks that the attempt is being settled (its handler returned and its outcome
-// is being written, or the worker gave up on it): a renewal that no longer finds the lease is
-// then expected, not a loss. It reports whether this call marked it, so that exactly one party
-// settles an attempt.
-func (l *Lease) MarkFinishing() bool { return l.finishing.CompareAndSwap(false, true) }
-
-// Finishing reports whether MarkFinishing was called.
-func (l *Lease) Finishing() bool { return l.finishing.Load() }
-
-// expire runs when the trust timer fires: it ends the lease unless a renewal moved the deadline
-// on in the meantime.
-func (l *Lease) expire() {
-	l.mu.Lock()
-	until, released := l.trustedUntil, l.released
-	l.mu.Unlock()
-	if released {
-		return
-	}
-	if d := time.Until(until); d > 0 {
-		l.timer.Reset(d)
-		return
-	}
-	l.End(ErrRenewalTimeout)
-}
-
-// confirm records a renewal confirmed by the database for a statement sent at sentAt.
-func (l *Lease) confirm(sentAt time.Time) {
-	until := sentAt.Add(l.window)
-	l.mu.Lock()
-	if l.cause != nil || l.released || !until.After(l.trustedUntil) {
-		l.mu.Unlock()
-		return
-	}
-	l.trustedUntil = until
-	l.mu.Unlock()
-	if d := time.Until(until); d > 0 {
-		l.timer.Reset(d)
-	} else {
-		l.End(ErrRenewalTimeout)
-	}
-}

@@ -16,12 +16,13 @@ import (
 // claimLoop claims up to the number of free slots until ctx is done. While work flows it claims
 // again at once, with up to ClaimsInFlight claims in flight, each for its share of the slots
 // (after a claim that took all it asked for, it lets slots free up for at most ClaimGather, so
-// that the next claim takes many jobs in one commit); after an empty claim it polls every IdlePollInterval, one claim at a time; once it has found
-// nothing for WaitAfter it registers as waiting (so that inserts notify it), claims once more to
-// close the race with an insert that committed unseen (and again 1, 2, 4, ... 32 ms later, for an
-// insert still committing meanwhile), and then waits for a notification, a freed slot or the
-// PollInterval poll, which bounds that race. It unregisters as soon as it finds work again. It
-// returns only once every claim it started has returned and started its jobs.
+// that the next claim takes many jobs in one commit); after an empty claim it polls every
+// IdlePollInterval, one claim at a time; once it has found nothing for WaitAfter it registers as
+// waiting (so that inserts notify it), claims once more to close the race with an insert that
+// committed unseen (and again 1, 2, 4, ... 32 ms later, for an insert still committing
+// meanwhile), and then waits for a notification, a freed slot or the PollInterval poll, which
+// bounds that race. It unregisters as soon as it finds work again. It returns only once every
+// claim it started has returned and started its jobs. Its state between claims is a claimState.
 func (p *Pool) claimLoop(ctx context.Context) {
 	poll := time.NewTimer(p.jitteredPoll())
 	defer poll.Stop()
@@ -30,42 +31,22 @@ func (p *Pool) claimLoop(ctx context.Context) {
 	defer idle.Stop()
 	w := &waiting{p: p}
 	defer w.unregister()
-	c := &claimsInFlight{results: make(chan claimResult, p.cfg.ClaimsInFlight)}
+	c := &claimsInFlight{results: make(chan claimResult, p.cfg.Engine.ClaimsInFlight)}
 	defer c.wait()
-	var idleSince time.Time // zero while work flows
-	claimNow := true        // false after an empty or failed claim, until a wake-up or timer
-	failed := false         // the last claim failed: wait for a wake-up or the poll
-	woken := false          // a notification arrived while a claim was in flight
-	saturated := false      // the last claim took every slot it asked for: jobs are waiting
-	busy := 0               // claims in a row that found nothing but a capped queue's row held
-	var gatherUntil time.Time
+	s := claimState{claimNow: true}
 	for {
 		// Start claims: several while work flows, one at a time otherwise.
-		k := 1
-		if idleSince.IsZero() && !failed && !p.queues.anyCapped() {
-			k = p.cfg.ClaimsInFlight
-		}
+		k := s.parallel(p)
 		gathering := false
 		share := (p.cfg.Concurrency + k - 1) / k // what one claim asks for at most
-		for claimNow && c.n < k && ctx.Err() == nil && p.keeper.Healthy() {
+		for s.claimNow && c.n < k && ctx.Err() == nil && p.keeper.Healthy() {
 			free := c.free(p)
 			if free <= 0 {
 				break
 			}
-			if saturated && free < share && p.cfg.ClaimGather > 0 {
-				// Jobs are waiting and some slots are still busy: let more free up for a moment
-				// (ClaimGather from the first), so that one claim and one commit take many jobs
-				// rather than each few.
-				now := time.Now()
-				if gatherUntil.IsZero() {
-					gatherUntil = now.Add(p.cfg.ClaimGather)
-				}
-				if now.Before(gatherUntil) {
-					gathering = true
-					break
-				}
+			if gathering = s.gather(free, share, p.cfg.Engine.ClaimGather); gathering {
+				break
 			}
-			gatherUntil = time.Time{}
 			free = min(free, share)
 			if free -= c.startFrontBeside(ctx, p, free); free > 0 {
 				c.start(ctx, p, free)
@@ -75,7 +56,7 @@ func (p *Pool) claimLoop(ctx context.Context) {
 			// Wait for a claim to return, or for a reason to start another.
 			var gatherEnd <-chan time.Time
 			if gathering {
-				idle.Reset(max(time.Until(gatherUntil), time.Microsecond))
+				idle.Reset(max(time.Until(s.gatherUntil), time.Microsecond))
 				gatherEnd = idle.C
 			}
 			select {
@@ -83,47 +64,28 @@ func (p *Pool) claimLoop(ctx context.Context) {
 				return
 			case r := <-c.results:
 				c.done(r)
-				switch {
-				case r.err != nil:
+				if r.err != nil {
 					if ctx.Err() != nil {
 						return
 					}
 					p.log.WarnContext(ctx, "claiming jobs failed", slog.Any("err", r.err))
-					// Wait for a wake-up or the poll rather than spin; a notification that came
-					// while the claim ran is such a wake-up.
-					failed, saturated = true, false
-					claimNow, woken = woken, false
-				case r.n > 0:
-					idleSince, failed, claimNow, busy = time.Time{}, false, true, 0
-					saturated = r.n == r.limit
+				}
+				if s.returned(r) {
 					w.unregister()
-				case r.busy:
-					// Another claim of a capped queue holds its row for a few milliseconds: try
-					// again soon (backing off while it stays held), without counting as idle.
-					failed, saturated = false, false
-					busy++
-					claimNow, woken = woken, false
-				default:
-					failed, saturated, busy = false, false, 0
-					if idleSince.IsZero() {
-						idleSince = time.Now()
-					}
-					// A notification that came while the claim ran may be for a job it missed.
-					claimNow, woken = woken, false
 				}
 			case <-p.wake:
-				woken, claimNow = true, true
+				s.notified()
 			case <-p.slotWake:
-				claimNow = true
+				s.claimNow = true
 			case <-poll.C:
 				poll.Reset(p.jitteredPoll())
 				p.scan.polled()
 				if w.registered {
 					w.register(ctx)
 				}
-				claimNow = true
+				s.claimNow = true
 			case <-gatherEnd:
-				claimNow = true
+				s.claimNow = true
 			}
 			if gathering {
 				idle.Stop()
@@ -131,10 +93,10 @@ func (p *Pool) claimLoop(ctx context.Context) {
 			continue
 		}
 		full := c.free(p) <= 0
-		waited := !idleSince.IsZero() && time.Since(idleSince) >= p.cfg.WaitAfter
-		if !full && !failed && waited && !w.registered && time.Now().After(w.retryAt) {
+		waited := s.waited(p.cfg.Engine.WaitAfter)
+		if !full && !s.failed && waited && !w.registered && time.Now().After(w.retryAt) {
 			if w.register(ctx) {
-				claimNow = true
+				s.claimNow = true
 				continue // claim once more: an insert that did not see the registration is found now
 			}
 		}
@@ -143,25 +105,7 @@ func (p *Pool) claimLoop(ctx context.Context) {
 			// that may be claimed now (a paused one is not notified, a resumed one is).
 			w.register(ctx)
 		}
-		var recheck time.Duration
-		switch {
-		case gathering:
-			recheck = max(time.Until(gatherUntil), time.Microsecond)
-		case busy > 0 && !full && !failed:
-			recheck = min(max(p.cfg.IdlePollInterval, time.Millisecond)<<min(busy-1, 16), p.cfg.PollInterval)
-		case full || failed || idleSince.IsZero():
-		case !w.registered && waited:
-			// Registering failed (and is tried again at the next poll): poll, not spin.
-		case !w.registered:
-			recheck = p.cfg.IdlePollInterval
-		case w.rechecks < registeredRechecks:
-			// Just registered: an insert whose trigger looked for waiters before the registration
-			// committed, and that committed after the claim that followed it, sent no
-			// notification. Its commit (a WAL flush) takes a few milliseconds: claim again at 1,
-			// 2, 4, ... 32 ms rather than leave it to the next poll.
-			recheck = time.Millisecond << w.rechecks
-			w.rechecks++
-		}
+		recheck := s.recheck(p, w, full, waited, gathering)
 		if recheck > 0 {
 			idle.Reset(recheck)
 		}
@@ -178,11 +122,117 @@ func (p *Pool) claimLoop(ctx context.Context) {
 				w.register(ctx) // refresh before it expires
 			}
 		}
-		claimNow, woken = true, false
+		s.claimNow, s.woken = true, false
 		if recheck > 0 {
 			idle.Stop()
 		}
 	}
+}
+
+// claimState is the claim loop's state between claims. Its transitions: a claim returned
+// (returned), a notification came while claims were in flight (notified), slots are about to
+// be claimed while jobs wait (gather); and it says how many claims to keep in flight (parallel)
+// and when an idle loop claims again (recheck).
+type claimState struct {
+	idleSince   time.Time // when the last claim found nothing; zero while work flows
+	claimNow    bool      // start claims now; false after an empty or failed claim, until a wake-up or timer
+	failed      bool      // the last claim failed: wait for a wake-up or the poll
+	woken       bool      // a notification arrived while a claim was in flight
+	saturated   bool      // the last claim took every slot it asked for: jobs are waiting
+	busy        int       // claims in a row that found nothing but a capped queue's row held
+	gatherUntil time.Time // when the current gathering of free slots ends; zero when none
+}
+
+// parallel is how many claims to keep in flight: several while work flows, one otherwise.
+func (s *claimState) parallel(p *Pool) int {
+	if s.idleSince.IsZero() && !s.failed && !p.queues.anyCapped() {
+		return p.cfg.Engine.ClaimsInFlight
+	}
+	return 1
+}
+
+// gather reports whether to let more slots free up before claiming: jobs are waiting and some
+// slots are still busy, so wait (window from the first such moment) for one claim and one
+// commit to take many jobs rather than each few.
+func (s *claimState) gather(free, share int, window time.Duration) bool {
+	if s.saturated && free < share && window > 0 {
+		now := time.Now()
+		if s.gatherUntil.IsZero() {
+			s.gatherUntil = now.Add(window)
+		}
+		if now.Before(s.gatherUntil) {
+			return true
+		}
+	}
+	s.gatherUntil = time.Time{}
+	return false
+}
+
+// notified records a notification that came while claims were in flight: it may be for a job
+// they missed.
+func (s *claimState) notified() { s.woken, s.claimNow = true, true }
+
+// returned records what a claim returned and reports whether it found work (the loop then
+// stops waiting for notifications).
+func (s *claimState) returned(r claimResult) (found bool) {
+	switch {
+	case r.err != nil:
+		// Wait for a wake-up or the poll rather than spin; a notification that came while the
+		// claim ran is such a wake-up.
+		s.failed, s.saturated = true, false
+		s.claimNow, s.woken = s.woken, false
+	case r.n > 0:
+		s.idleSince, s.failed, s.claimNow, s.busy = time.Time{}, false, true, 0
+		s.saturated = r.n == r.limit
+		return true
+	case r.busy:
+		// Another claim of a capped queue holds its row for a few milliseconds: try again soon
+		// (backing off while it stays held), without counting as idle.
+		s.failed, s.saturated = false, false
+		s.busy++
+		s.claimNow, s.woken = s.woken, false
+	default:
+		s.failed, s.saturated, s.busy = false, false, 0
+		if s.idleSince.IsZero() {
+			s.idleSince = time.Now()
+		}
+		// A notification that came while the claim ran may be for a job it missed.
+		s.claimNow, s.woken = s.woken, false
+	}
+	return false
+}
+
+// waited reports whether the loop has found nothing for at least after.
+func (s *claimState) waited(after time.Duration) bool {
+	return !s.idleSince.IsZero() && time.Since(s.idleSince) >= after
+}
+
+// recheck is how long an idle loop (no claim in flight) waits before claiming again without a
+// wake-up; 0: only a wake-up, a freed slot or the poll. full: no slot is free; waited: as waited
+// reports; gathering: slots are being let free up.
+func (s *claimState) recheck(p *Pool, w *waiting, full, waited, gathering bool) time.Duration {
+	switch {
+	case gathering:
+		return max(time.Until(s.gatherUntil), time.Microsecond)
+	case s.busy > 0 && !full && !s.failed:
+		return min(max(p.cfg.Engine.IdlePollInterval, time.Millisecond)<<min(s.busy-1, 16), p.cfg.PollInterval)
+	case full || s.failed || s.idleSince.IsZero():
+		return 0
+	case !w.registered && waited:
+		// Registering failed (and is tried again at the next poll): poll, not spin.
+		return 0
+	case !w.registered:
+		return p.cfg.Engine.IdlePollInterval
+	case w.rechecks < registeredRechecks:
+		// Just registered: an insert whose trigger looked for waiters before the registration
+		// committed, and that committed after the claim that followed it, sent no notification.
+		// Its commit (a WAL flush) takes a few milliseconds: claim again at 1, 2, 4, ... 32 ms
+		// rather than leave it to the next poll.
+		d := time.Millisecond << w.rechecks
+		w.rechecks++
+		return d
+	}
+	return 0
 }
 
 // claimResult is what one claim in flight returned.
@@ -454,8 +504,8 @@ const fullEveryFloor = 10 * time.Millisecond
 // become slow, there is one queue to claim, and there is a control connection to spare for them
 // (renewals and outcomes keep theirs). Called with sc.mu held.
 func (sc *claimScan) beside(p *Pool) bool {
-	return sc.fullCost >= cmp.Or(sc.besideCost, frontBesideCost) && !p.cfg.ClaimFromFront && len(p.cfg.Queues) == 1 &&
-		(p.cfg.ControlConns < 0 || p.cfg.ControlConns >= p.cfg.ClaimsInFlight+3)
+	return sc.fullCost >= cmp.Or(sc.besideCost, frontBesideCost) && !p.cfg.Engine.ClaimFromFront && len(p.cfg.Queues) == 1 &&
+		(p.cfg.ControlConns < 0 || p.cfg.ControlConns >= p.cfg.Engine.ClaimsInFlight+3)
 }
 
 // besideDue reports whether a claim from the front is due beside the others, and for which
@@ -507,7 +557,7 @@ func (sc *claimScan) recheckFrom(now time.Time) int64 {
 func (p *Pool) claimUncapped(sctx context.Context, queues []string, limit int) (int, error) {
 	params := store.ClaimParams{Queues: queues, Limit: limit, WorkerID: p.cfg.ID, Lease: p.cfg.LeaseDuration}
 	sc := &p.scan
-	single := len(queues) == 1 && !p.cfg.ClaimFromFront
+	single := len(queues) == 1 && !p.cfg.Engine.ClaimFromFront
 	sc.mu.Lock()
 	gen := sc.gen
 	if single && sc.queue == queues[0] && sc.after != nil &&
@@ -544,7 +594,7 @@ func (p *Pool) claimUncapped(sctx context.Context, queues []string, limit int) (
 			sc.mu.Unlock()
 		}
 	}()
-	if p.cfg.OutcomesWithClaims {
+	if p.cfg.Engine.OutcomesWithClaims {
 		items = p.takeOutcomes()
 	}
 	sentAt := time.Now()
@@ -641,7 +691,7 @@ func (p *Pool) startAll(jobs []store.ClaimedJob, sentAt time.Time) {
 // takeOutcomes takes the outcomes waiting for the finisher, without waiting.
 func (p *Pool) takeOutcomes() []finishItem {
 	var items []finishItem
-	for len(items) < FinishBatchDefault {
+	for len(items) < finishBatch {
 		select {
 		case it := <-p.finishCh:
 			items = append(items, it)

@@ -184,7 +184,7 @@ func TestHigherPriorityBehindCursorWithinOnePoll(t *testing.T) {
 	ctx := context.Background()
 	db := pgtest.Pool(t)
 	const poll = 500 * time.Millisecond
-	p, err := New(db, Config{Concurrency: 4, PollInterval: poll, WaitAfter: 10 * time.Millisecond})
+	p, err := New(db, Config{Concurrency: 4, PollInterval: poll, Engine: EngineConfig{WaitAfter: 10 * time.Millisecond}})
 	if err != nil {
 		t.Fatal(err)
 	}

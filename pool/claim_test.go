@@ -28,7 +28,7 @@ func TestClaimGather(t *testing.T) {
 			cfg := fastConfig()
 			// The poll is far off: only the gather's own timer (or the freed slots) may start
 			// the third job.
-			cfg.Concurrency, cfg.ClaimGather, cfg.PollInterval = 2, c.gather, time.Minute
+			cfg.Concurrency, cfg.Engine.ClaimGather, cfg.PollInterval = 2, c.gather, time.Minute
 			started := make(chan int64, 3)
 			release := map[int64]chan struct{}{}
 			db := pgtest.Pool(t)
@@ -90,7 +90,7 @@ func recvID(t *testing.T, ch <-chan int64) int64 {
 func TestTwoClaimsInFlight(t *testing.T) {
 	t.Parallel()
 	cfg := fastConfig()
-	cfg.Concurrency, cfg.ClaimsInFlight = 16, 2
+	cfg.Concurrency, cfg.Engine.ClaimsInFlight = 16, 2
 	db := pgtest.Pool(t)
 	const n = 4000
 	params := make([]pool.InsertManyParams, n)
@@ -122,7 +122,7 @@ func TestTwoClaimsInFlight(t *testing.T) {
 	if m := most.Load(); m > int64(cfg.Concurrency) {
 		t.Fatalf("%d handlers ran at once; the pool has %d slots", m, cfg.Concurrency)
 	}
-	if got := p.Metrics().Claimed.Load(); got != n {
+	if got := p.Stats().Claimed; got != n {
 		t.Fatalf("claimed %d; want %d", got, n)
 	}
 }
@@ -149,7 +149,7 @@ func TestWakeDuringFailedClaimIsKept(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := fastConfig()
-	cfg.PollInterval, cfg.WaitAfter = 4*time.Second, time.Millisecond
+	cfg.PollInterval, cfg.Engine.WaitAfter = 4*time.Second, time.Millisecond
 	started := make(chan int64, 2)
 	p, _ := setup(t, db, cfg, map[string]pool.Handler{"noop": pool.HandlerFunc(func(ctx context.Context, j *pool.Job) error {
 		started <- j.ID

@@ -2,7 +2,6 @@ package pool
 
 import (
 	"cmp"
-	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -13,27 +12,21 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/leashq/leash/lease"
+	"github.com/leashq/leash/internal/leasekeeper"
 )
 
 // Defaults for Config fields left zero.
 const (
-	ConcurrencyDefault      = 100
-	QueueDefault            = "default"
-	PollIntervalDefault     = time.Second
-	IdlePollIntervalDefault = time.Millisecond
-	WaitAfterDefault        = 5 * time.Millisecond
-	ClaimsInFlightDefault   = 1
-	ClaimGatherDefault      = time.Millisecond
-	ShutdownTimeoutDefault  = 30 * time.Second
-	FinishFlushDefault      = 2 * time.Millisecond
-	FinishBatchDefault      = 1000
-	ControlConnsDefault     = 4
+	ConcurrencyDefault     = 100
+	QueueDefault           = "default"
+	PollIntervalDefault    = time.Second
+	ShutdownTimeoutDefault = 30 * time.Second
+	ControlConnsDefault    = 4
 	// MaxTimeout is the longest timeout a job or a kind may have (the table's limit).
 	MaxTimeout               = 100 * 24 * time.Hour
 	MaxAttemptsDefault       = 20
-	LeaseDurationDefault     = lease.DurationDefault
-	HeartbeatIntervalDefault = lease.HeartbeatIntervalDefault
+	LeaseDurationDefault     = 30 * time.Second
+	HeartbeatIntervalDefault = 10 * time.Second
 )
 
 // Config configures a Pool. Every field has a working default; New fills and validates it.
@@ -60,39 +53,9 @@ type Config struct {
 	// queue, so that no runnable job waits behind the claim cursor longer than PollInterval (plus
 	// that claim's own time). Default 1s.
 	PollInterval time.Duration
-	// IdlePollInterval is how often a worker that just ran out of work claims again, until it has
-	// found nothing for WaitAfter. Default 1ms.
-	IdlePollInterval time.Duration
-	// WaitAfter is how long a worker finds nothing before it registers as waiting, so that
-	// inserts wake it with a notification. Busy workers are not registered: inserts into their
-	// queues send no notification and commit without waiting on each other. Default 5ms.
-	WaitAfter time.Duration
 	// ShutdownTimeout is the grace period running jobs get when Run's context is cancelled.
 	// Default 30s.
 	ShutdownTimeout time.Duration
-	// FinishFlushInterval is the longest a finished job's outcome waits to be written with
-	// others. Default 2ms.
-	FinishFlushInterval time.Duration
-	// OutcomesWithClaims writes outcomes that are waiting when a claim is due in the claim's own
-	// transaction (one pipelined round trip and one commit for both) instead of leaving them to
-	// the finisher. Fewer commits, but the claim loop then carries every write on one connection:
-	// on the development machine a burn-down ran 0.8–1.0x as fast as with the default, where
-	// claims and outcomes commit side by side on two connections (see README, Performance).
-	// Default false.
-	OutcomesWithClaims bool
-	// ClaimsInFlight is how many claims a worker keeps in flight at once while work flows, each
-	// for its share of the slots, each on a control connection of its own: while one claim
-	// commits, the next one already runs. A worker looking for work, or one serving a capped
-	// queue, claims one at a time. More than 1 needs ControlConns of at least ClaimsInFlight+2
-	// (room for renewals and outcomes). On the development machine (2 cores) two in flight ran a
-	// burn-down 0.93-0.99x as fast as one (see README, Performance): default 1.
-	ClaimsInFlight int
-	// ClaimGather is how long a worker whose last claim took every slot it asked for (jobs are
-	// waiting) lets slots free up before it claims again, unless every slot (its share, with
-	// ClaimsInFlight above 1) is free by then: one claim and one commit then take many jobs
-	// rather than each few. While a handler holds a slot for long, every such claim waits the
-	// whole ClaimGather. Default 1ms; negative claims as soon as one slot frees.
-	ClaimGather time.Duration
 	// StallInterval is how often handlers that ignore their cancelled context are logged.
 	// Default LeaseDuration.
 	StallInterval time.Duration
@@ -133,16 +96,6 @@ type Config struct {
 	RetainFailed time.Duration
 	// RetentionInterval between deletion passes. Default 1m.
 	RetentionInterval time.Duration
-	// ClaimFromFront makes every claim scan its queue's index from the front. By default a
-	// worker serving one queue starts each claim past the last job it claimed (looking again at
-	// what the last 100ms of claims passed over) and goes back to the front regularly (at least
-	// every 10ms, and more rarely only while a claim from the front is slow, but at least once
-	// per PollInterval): an old snapshot held open elsewhere (a long report, a forgotten BEGIN)
-	// keeps the index entries of every claimed job from vacuum, and claims from the front would
-	// walk all of them. The cost: a job that becomes runnable further ahead of the last claimed
-	// one (a higher priority, a run_at in the past) waits for the next claim from the front, at
-	// most a poll interval. Default false.
-	ClaimFromFront bool
 	// Schedules are stored in leash.schedules when Run starts (added, or updated by name; a
 	// schedule not listed here is left alone, so schedules can also be managed with
 	// UpsertSchedule or `worker schedule`). Run checks them first: a bad spec fails New.
@@ -163,7 +116,70 @@ type Config struct {
 	// Hooks wrap every attempt, in order (the first one's context is the outermost): tracing
 	// (module github.com/leashq/leash/otel) plugs in here. Default none.
 	Hooks []AttemptHook
+
+	// Engine holds the claim loop's and the finisher's internal knobs. The defaults suit every
+	// workload measured; leave it zero unless a measurement of your own says otherwise.
+	Engine EngineConfig
 }
+
+// EngineConfig holds knobs of the claim loop and the finisher that exist to measure alternatives
+// (docs/performance and the bench module compare them), not settings an operator needs. Every
+// field's zero value is its default.
+type EngineConfig struct {
+	// IdlePollInterval is how often a worker that just ran out of work claims again, until it
+	// has found nothing for WaitAfter; at most Config.PollInterval. Default
+	// IdlePollIntervalDefault (1ms).
+	IdlePollInterval time.Duration
+	// WaitAfter is how long a worker finds nothing before it registers as waiting, so that
+	// inserts wake it with a notification. Busy workers are not registered: inserts into their
+	// queues send no notification and commit without waiting on each other. Default
+	// WaitAfterDefault (5ms), at most 1m.
+	WaitAfter time.Duration
+	// FinishFlushInterval is the longest a finished job's outcome waits to be written with
+	// others. Default FinishFlushDefault (2ms), at most 1s.
+	FinishFlushInterval time.Duration
+	// OutcomesWithClaims writes outcomes that are waiting when a claim is due in the claim's own
+	// transaction (one pipelined round trip and one commit for both) instead of leaving them to
+	// the finisher, which by default commits them beside the claims on a connection of its own.
+	// Default false.
+	OutcomesWithClaims bool
+	// ClaimsInFlight is how many claims a worker keeps in flight at once while work flows, each
+	// for its share of the slots, each on a control connection of its own: while one claim
+	// commits, the next one already runs. A worker looking for work, or one serving a capped
+	// queue, claims one at a time. More than 1 needs Config.ControlConns of at least
+	// ClaimsInFlight+2 (room for renewals and outcomes). Default ClaimsInFlightDefault (1), at
+	// most 4.
+	ClaimsInFlight int
+	// ClaimGather is how long a worker whose last claim took every slot it asked for (jobs are
+	// waiting) lets slots free up before it claims again, unless every slot (its share, with
+	// ClaimsInFlight above 1) is free by then: one claim and one commit then take many jobs
+	// rather than each few. While a handler holds a slot for long, every such claim waits the
+	// whole ClaimGather. Default ClaimGatherDefault (1ms), at most 1s; negative claims as soon
+	// as one slot frees.
+	ClaimGather time.Duration
+	// ClaimFromFront makes every claim scan its queue's index from the front. By default a
+	// worker serving one queue starts each claim past the last job it claimed (looking again at
+	// what the last 100ms of claims passed over) and goes back to the front regularly (at least
+	// every 10ms, and more rarely only while a claim from the front is slow, but at least once
+	// per Config.PollInterval): an old snapshot held open elsewhere (a long report, a forgotten
+	// BEGIN) keeps the index entries of every claimed job from vacuum, and claims from the front
+	// would walk all of them. The cost: a job that becomes runnable further ahead of the last
+	// claimed one (a higher priority, a run_at in the past) waits for the next claim from the
+	// front, at most a poll interval. Default false.
+	ClaimFromFront bool
+}
+
+// Defaults for EngineConfig fields left zero.
+const (
+	IdlePollIntervalDefault = time.Millisecond
+	WaitAfterDefault        = 5 * time.Millisecond
+	ClaimsInFlightDefault   = 1
+	ClaimGatherDefault      = time.Millisecond
+	FinishFlushDefault      = 2 * time.Millisecond
+)
+
+// finishBatch is the most outcomes one statement writes.
+const finishBatch = 1000
 
 // ConfigError names the Config field that broke a rule.
 type ConfigError struct {
@@ -200,12 +216,12 @@ func (c Config) withDefaults() Config {
 		lc.Duration, lc.HeartbeatInterval, lc.RetryInterval, lc.SafetyMargin
 	c.RescueInterval = cmp.Or(c.RescueInterval, c.HeartbeatInterval)
 	c.PollInterval = cmp.Or(c.PollInterval, PollIntervalDefault)
-	c.IdlePollInterval = cmp.Or(c.IdlePollInterval, IdlePollIntervalDefault)
-	c.ClaimsInFlight = cmp.Or(c.ClaimsInFlight, ClaimsInFlightDefault)
-	c.ClaimGather = cmp.Or(c.ClaimGather, ClaimGatherDefault)
-	c.WaitAfter = cmp.Or(c.WaitAfter, WaitAfterDefault)
+	c.Engine.IdlePollInterval = cmp.Or(c.Engine.IdlePollInterval, IdlePollIntervalDefault)
+	c.Engine.ClaimsInFlight = cmp.Or(c.Engine.ClaimsInFlight, ClaimsInFlightDefault)
+	c.Engine.ClaimGather = cmp.Or(c.Engine.ClaimGather, ClaimGatherDefault)
+	c.Engine.WaitAfter = cmp.Or(c.Engine.WaitAfter, WaitAfterDefault)
 	c.ShutdownTimeout = cmp.Or(c.ShutdownTimeout, ShutdownTimeoutDefault)
-	c.FinishFlushInterval = cmp.Or(c.FinishFlushInterval, FinishFlushDefault)
+	c.Engine.FinishFlushInterval = cmp.Or(c.Engine.FinishFlushInterval, FinishFlushDefault)
 	c.StallInterval = cmp.Or(c.StallInterval, c.LeaseDuration)
 	c.ShutdownStallWait = cmp.Or(c.ShutdownStallWait, time.Second)
 	c.ControlConns = cmp.Or(c.ControlConns, ControlConnsDefault)
@@ -223,39 +239,53 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-func (c Config) leaseConfig() lease.Config {
-	return lease.Config{Duration: c.LeaseDuration, HeartbeatInterval: c.HeartbeatInterval,
+func (c Config) leaseConfig() leasekeeper.Config {
+	return leasekeeper.Config{Duration: c.LeaseDuration, HeartbeatInterval: c.HeartbeatInterval,
 		RetryInterval: c.RenewRetryInterval, SafetyMargin: c.LeaseSafetyMargin}
 }
 
-// Validate fills defaults and reports the first field that breaks a rule, as a *ConfigError.
+// WithDefaults returns c with every zero field set to its default, as New uses it.
+func (c Config) WithDefaults() Config { return c.withDefaults() }
+
+// Validate reports the first field that breaks a rule, as a *ConfigError, checking c as New
+// would use it: a zero field counts as its default. It does not change c (see WithDefaults).
 func (c Config) Validate() error {
 	c = c.withDefaults()
 	bad := func(field, rule string, args ...any) error {
 		return &ConfigError{Field: field, Rule: fmt.Sprintf(rule, args...)}
 	}
 	switch {
+	case c.LeaseDuration < 100*time.Millisecond:
+		return bad("LeaseDuration", "must be at least 100ms, got %s", c.LeaseDuration)
+	case c.HeartbeatInterval <= 0:
+		return bad("HeartbeatInterval", "must be positive, got %s", c.HeartbeatInterval)
+	case c.HeartbeatInterval*2 > c.LeaseDuration:
+		return bad("HeartbeatInterval", "%s must be at most half of LeaseDuration (%s), so that a renewal can be retried and still land before the lease expires", c.HeartbeatInterval, c.LeaseDuration)
+	case c.RenewRetryInterval <= 0 || c.RenewRetryInterval > c.HeartbeatInterval:
+		return bad("RenewRetryInterval", "%s must be positive and at most HeartbeatInterval (%s)", c.RenewRetryInterval, c.HeartbeatInterval)
+	case c.LeaseSafetyMargin <= 0 || c.LeaseSafetyMargin >= c.LeaseDuration-c.HeartbeatInterval:
+		return bad("LeaseSafetyMargin", "%s must be positive and below LeaseDuration minus HeartbeatInterval (%s)", c.LeaseSafetyMargin, c.LeaseDuration-c.HeartbeatInterval)
 	case len(c.ID) > 200:
 		return bad("ID", "must be at most 200 characters")
 	case c.Concurrency < 1 || c.Concurrency > 100000:
 		return bad("Concurrency", "must be between 1 and 100000, got %d", c.Concurrency)
 	case c.PollInterval < 10*time.Millisecond:
 		return bad("PollInterval", "must be at least 10ms, got %s", c.PollInterval)
-	case c.IdlePollInterval < time.Millisecond || c.IdlePollInterval > c.PollInterval:
-		return bad("IdlePollInterval", "must be between 1ms and PollInterval (%s), got %s", c.PollInterval, c.IdlePollInterval)
-	case c.ClaimsInFlight < 1 || c.ClaimsInFlight > 4:
-		return bad("ClaimsInFlight", "must be between 1 and 4, got %d", c.ClaimsInFlight)
-	case c.ClaimsInFlight > 1 && c.ControlConns > 0 && c.ControlConns < c.ClaimsInFlight+2:
-		return bad("ClaimsInFlight", "of %d needs ControlConns of at least %d (room for renewals and outcomes), got %d",
-			c.ClaimsInFlight, c.ClaimsInFlight+2, c.ControlConns)
-	case c.ClaimGather > time.Second:
-		return bad("ClaimGather", "must be at most 1s, got %s", c.ClaimGather)
-	case c.WaitAfter < 0 || c.WaitAfter > time.Minute:
-		return bad("WaitAfter", "must be between 0 and 1m, got %s", c.WaitAfter)
+	case c.Engine.IdlePollInterval < time.Millisecond || c.Engine.IdlePollInterval > c.PollInterval:
+		return bad("Engine.IdlePollInterval", "must be between 1ms and PollInterval (%s), got %s", c.PollInterval, c.Engine.IdlePollInterval)
+	case c.Engine.ClaimsInFlight < 1 || c.Engine.ClaimsInFlight > 4:
+		return bad("Engine.ClaimsInFlight", "must be between 1 and 4, got %d", c.Engine.ClaimsInFlight)
+	case c.Engine.ClaimsInFlight > 1 && c.ControlConns > 0 && c.ControlConns < c.Engine.ClaimsInFlight+2:
+		return bad("Engine.ClaimsInFlight", "of %d needs ControlConns of at least %d (room for renewals and outcomes), got %d",
+			c.Engine.ClaimsInFlight, c.Engine.ClaimsInFlight+2, c.ControlConns)
+	case c.Engine.ClaimGather > time.Second:
+		return bad("Engine.ClaimGather", "must be at most 1s, got %s", c.Engine.ClaimGather)
+	case c.Engine.WaitAfter < 0 || c.Engine.WaitAfter > time.Minute:
+		return bad("Engine.WaitAfter", "must be between 0 and 1m, got %s", c.Engine.WaitAfter)
 	case c.ShutdownTimeout < 0:
 		return bad("ShutdownTimeout", "must not be negative, got %s", c.ShutdownTimeout)
-	case c.FinishFlushInterval < 0 || c.FinishFlushInterval > time.Second:
-		return bad("FinishFlushInterval", "must be between 0 and 1s, got %s", c.FinishFlushInterval)
+	case c.Engine.FinishFlushInterval < 0 || c.Engine.FinishFlushInterval > time.Second:
+		return bad("Engine.FinishFlushInterval", "must be between 0 and 1s, got %s", c.Engine.FinishFlushInterval)
 	case c.RetentionInterval < 10*time.Millisecond:
 		return bad("RetentionInterval", "must be at least 10ms, got %s", c.RetentionInterval)
 	case c.RescueInterval < 10*time.Millisecond:
@@ -285,15 +315,6 @@ func (c Config) Validate() error {
 		if q == "" || utf8.RuneCountInString(q) > 128 || !validName(q) {
 			return bad("Queues", "must hold names of 1 to 128 characters, got %q", q)
 		}
-	}
-	if err := c.leaseConfig().Validate(); err != nil {
-		field := map[string]string{"Duration": "LeaseDuration", "HeartbeatInterval": "HeartbeatInterval",
-			"RetryInterval": "RenewRetryInterval", "SafetyMargin": "LeaseSafetyMargin"}
-		var ce *lease.ConfigError
-		if errors.As(err, &ce) && field[ce.Field] != "" {
-			return bad(field[ce.Field], "%s", ce.Rule)
-		}
-		return bad("LeaseDuration", "%s", err.Error())
 	}
 	return nil
 }

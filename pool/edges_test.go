@@ -89,7 +89,7 @@ func TestLockedRowHoldsBackOnlyItsOwnOutcome(t *testing.T) {
 			t.Fatalf("job %d: %+v, ran %d times", id, r, runs.of(id))
 		}
 	}
-	if n := p.Metrics().StaleWrites.Load(); n != 0 {
+	if n := p.Stats().StaleWrites; n != 0 {
 		t.Fatalf("%d outcomes dropped", n)
 	}
 }
@@ -267,7 +267,7 @@ func TestRevokeJobWithLongReason(t *testing.T) {
 		if c := h.cause(t); !errors.Is(c.cause, lease.ErrRevoked) {
 			t.Fatalf("cause %v", c.cause)
 		}
-		if n := p.Metrics().Notify.Malformed.Load(); n != 0 {
+		if n := p.Stats().Listener.Malformed; n != 0 {
 			t.Fatalf("%d notifications refused as malformed", n)
 		}
 	}
@@ -290,8 +290,8 @@ func TestShutdownBeforeRunClaimsNothing(t *testing.T) {
 	if err := p.Run(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if started.Load() != 0 || p.Metrics().Claimed.Load() != 0 {
-		t.Fatalf("started %d, claimed %d after shutdown", started.Load(), p.Metrics().Claimed.Load())
+	if started.Load() != 0 || p.Stats().Claimed != 0 {
+		t.Fatalf("started %d, claimed %d after shutdown", started.Load(), p.Stats().Claimed)
 	}
 }
 
@@ -343,7 +343,7 @@ func TestRecordingRevocationsDoesNotStarveRenewals(t *testing.T) {
 	}
 	select {
 	case c := <-lost:
-		t.Fatalf("an unrelated lease ended: %v (renewals failed %d)", c, p.Metrics().Lease.RenewalsFailed.Load())
+		t.Fatalf("an unrelated lease ended: %v (renewals failed %d)", c, p.Stats().Lease.RenewalsFailed)
 	case <-time.After(2 * cfg.LeaseDuration):
 	}
 }
@@ -365,7 +365,7 @@ func TestForgedTakeoverFloodIsRateLimited(t *testing.T) {
 		j = h.next(t)
 	}
 	waitFor(t, 10*time.Second, p.ListenerConnected)
-	before := p.Metrics().Lease.RenewalsSucceeded.Load()
+	before := p.Stats().Lease.RenewalsSucceeded
 	began := time.Now()
 	payload := fmt.Sprintf(`{"id":%d,"token":%d,"takeover":true}`, j.ID, j.Token)
 	err := pgx.BeginFunc(context.Background(), b.db, func(tx pgx.Tx) error {
@@ -379,8 +379,8 @@ func TestForgedTakeoverFloodIsRateLimited(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, func() bool { return p.Metrics().Notify.Received.Load() >= 1000 })
-	statements := (p.Metrics().Lease.RenewalsSucceeded.Load() - before) / 10
+	waitFor(t, 10*time.Second, func() bool { return p.Stats().Listener.Received >= 1000 })
+	statements := (p.Stats().Lease.RenewalsSucceeded - before) / 10
 	// RenewRetryInterval is 5s here, so kicks are spaced by the 250ms cap.
 	if limit := int64(time.Since(began)/(250*time.Millisecond)) + 2; statements > limit {
 		t.Fatalf("%d renewal statements for a flood of forged takeovers in %s (limit %d)", statements, time.Since(began), limit)
@@ -395,7 +395,7 @@ func TestForgedTakeoverFloodIsRateLimited(t *testing.T) {
 func TestOutcomesWithClaims(t *testing.T) {
 	t.Parallel()
 	cfg := fastConfig()
-	cfg.OutcomesWithClaims = true
+	cfg.Engine.OutcomesWithClaims = true
 	cfg.LeaseDuration, cfg.HeartbeatInterval = 10*time.Second, time.Second
 	db := pgtest.Pool(t)
 	var runs runCounter

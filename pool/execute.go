@@ -7,6 +7,7 @@ import (
 	"runtime/debug"
 	"time"
 
+	"github.com/leashq/leash/internal/clean"
 	"github.com/leashq/leash/internal/store"
 	"github.com/leashq/leash/lease"
 )
@@ -57,7 +58,7 @@ func (p *Pool) decideSafely(j *Job, err error) (out store.Outcome, write bool) {
 	defer func() {
 		if r := recover(); r != nil {
 			p.log.Error("deciding a job's outcome panicked; retrying the job", slog.Int64("job_id", j.ID),
-				slog.String("panic", store.CleanText(describe(r), 1024)))
+				slog.String("panic", clean.Text(describe(r), 1024)))
 			out, write = store.Outcome{ID: j.ID, Token: j.Token, State: store.StateRetryable,
 				RunIn: p.cfg.RetryBackoff(j.Attempt), Error: &store.AttemptError{Attempt: int32(j.Attempt),
 					Error: "the handler's error could not be examined: " + describe(r), Worker: p.cfg.ID}}, true
@@ -76,7 +77,7 @@ func (p *Pool) call(ctx context.Context, j *Job) (err error) {
 			p.metrics.Panics.Add(1)
 			err = &PanicError{Value: r, Stack: string(debug.Stack())}
 			p.log.Error("handler panicked", slog.Int64("job_id", j.ID), slog.String("kind", j.Kind),
-				slog.String("panic", store.CleanText(describe(r), 1024)))
+				slog.String("panic", clean.Text(describe(r), 1024)))
 		}
 	}()
 	p.handlersMu.RLock()

@@ -36,7 +36,7 @@ func (p *Pool) runFinisher(stop <-chan struct{}) {
 		case <-p.outcomeWake:
 			// Let others join them for the flush interval (with OutcomesWithClaims, give the claim
 			// loop that long to take them along); then write what is left.
-			timer.Reset(p.cfg.FinishFlushInterval)
+			timer.Reset(p.cfg.Engine.FinishFlushInterval)
 			select {
 			case <-timer.C:
 			case <-stop:

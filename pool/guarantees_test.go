@@ -89,7 +89,7 @@ func TestHostileOutcomeDoesNotPoisonBatch(t *testing.T) {
 	t.Parallel()
 	cfg := fastConfig()
 	cfg.Concurrency = 100
-	cfg.FinishFlushInterval = 200 * time.Millisecond // one batch for all of them
+	cfg.Engine.FinishFlushInterval = 200 * time.Millisecond // one batch for all of them
 	var runs sync.Map
 	gate := make(chan struct{})
 	var arrived atomic.Int32
@@ -139,7 +139,7 @@ func TestHostileOutcomeDoesNotPoisonBatch(t *testing.T) {
 	if !strings.HasPrefix(last, "500 Internal Server Error: \uFFFD\uFFFD") || !utf8.ValidString(last) || len(last) > 20000 {
 		t.Fatalf("last_error %q", last[:min(60, len(last))])
 	}
-	if n := p.Metrics().StaleWrites.Load(); n != 0 {
+	if n := p.Stats().StaleWrites; n != 0 {
 		t.Fatalf("%d outcomes dropped", n)
 	}
 }
@@ -284,10 +284,10 @@ func TestLongFencedTransactionKeepsItsLease(t *testing.T) {
 		string(r.Progress) != `{"step": "in tx"}` {
 		t.Fatalf("fenced job %+v, %d effects, %d runs", r, n, fencedRuns.Load())
 	}
-	if n := p.Metrics().Lease.RenewalsSkipped.Load(); n != 0 {
+	if n := p.Stats().Lease.RenewalsSkipped; n != 0 {
 		t.Fatalf("%d renewals skipped", n)
 	}
-	if n := p.Metrics().StaleWrites.Load(); n != 0 {
+	if n := p.Stats().StaleWrites; n != 0 {
 		t.Fatalf("%d stale writes", n)
 	}
 }
@@ -333,8 +333,8 @@ func TestTimeouts(t *testing.T) {
 	// The deaf handler never returns: its lease is not renewed after the timeout and a rescuer
 	// ends the job.
 	waitFor(t, 10*time.Second, func() bool { return getRow(t, b.db, deaf).State == "failed" })
-	if p.Metrics().TimedOut.Load() != 4 {
-		t.Fatalf("%d timeouts", p.Metrics().TimedOut.Load())
+	if p.Stats().TimedOut != 4 {
+		t.Fatalf("%d timeouts", p.Stats().TimedOut)
 	}
 }
 
@@ -348,9 +348,9 @@ func TestForgedTakeoverIgnored(t *testing.T) {
 	start(t, p)
 	j := h.next(t)
 	waitFor(t, 10*time.Second, p.ListenerConnected)
-	renewals := p.Metrics().Lease.RenewalsSucceeded.Load()
+	renewals := p.Stats().Lease.RenewalsSucceeded
 	mustExec(t, b.db, `SELECT pg_notify('job_revoked', $1)`, fmt.Sprintf(`{"id":%d,"token":%d,"takeover":true}`, id, j.Token))
-	waitFor(t, 10*time.Second, func() bool { return p.Metrics().Lease.RenewalsSucceeded.Load() > renewals })
+	waitFor(t, 10*time.Second, func() bool { return p.Stats().Lease.RenewalsSucceeded > renewals })
 	if err := j.EnsureActive(); err != nil {
 		t.Fatalf("forged takeover ended the lease: %v", err)
 	}
@@ -416,7 +416,7 @@ func TestShutdownSettlesEveryOutcomeOnce(t *testing.T) {
 			other++
 		}
 	}
-	if other != 0 || handed+running != 50 || int64(running) != p.Metrics().Abandoned.Load() {
-		t.Fatalf("handed back %d, abandoned %d (metric %d), other %d", handed, running, p.Metrics().Abandoned.Load(), other)
+	if other != 0 || handed+running != 50 || int64(running) != p.Stats().Abandoned {
+		t.Fatalf("handed back %d, abandoned %d (metric %d), other %d", handed, running, p.Stats().Abandoned, other)
 	}
 }

@@ -6,8 +6,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/leashq/leash/internal/store"
-	"github.com/leashq/leash/lease"
+	"github.com/leashq/leash/internal/clean"
+	"github.com/leashq/leash/internal/leasekeeper"
 )
 
 // AttemptHook wraps every attempt of every job; set it in Config.Hooks. It is how tracing
@@ -107,7 +107,7 @@ func (p *Pool) startHook(ctx context.Context, h AttemptHook, j *Job) (out contex
 	defer func() {
 		if r := recover(); r != nil {
 			p.log.Error("attempt hook panicked; running the job without it", slog.Int64("job_id", j.ID),
-				slog.String("panic", store.CleanText(describe(r), 1024)))
+				slog.String("panic", clean.Text(describe(r), 1024)))
 			out, obs = ctx, nil
 		}
 	}()
@@ -119,7 +119,7 @@ func (p *Pool) startHook(ctx context.Context, h AttemptHook, j *Job) (out contex
 }
 
 // leaseEnded is the keeper's OnEnd: it tells the observers of the lease's attempt, if any.
-func (p *Pool) leaseEnded(l *lease.Lease, cause error) {
+func (p *Pool) leaseEnded(l *leasekeeper.Lease, cause error) {
 	if v, ok := p.attempts.Load(l.Token); ok {
 		st := v.(*attemptState)
 		st.leaseEnded(nil, cause)
@@ -179,7 +179,7 @@ func (st *attemptState) attemptEnded(j *Job, ev JobEvent) {
 func (st *attemptState) safely(j *Job, f func()) {
 	defer func() {
 		if r := recover(); r != nil {
-			attrs := []any{slog.String("panic", store.CleanText(describe(r), 1024))}
+			attrs := []any{slog.String("panic", clean.Text(describe(r), 1024))}
 			if j != nil {
 				attrs = append(attrs, slog.Int64("job_id", j.ID))
 			}

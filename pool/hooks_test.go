@@ -233,8 +233,8 @@ func TestJunkTraceContextIgnored(t *testing.T) {
 			t.Errorf("%s: ended %+v", name, a.ended)
 		}
 	}
-	if p.Metrics().Completed.Load() != int64(len(junk)) {
-		t.Fatalf("completed %d of %d", p.Metrics().Completed.Load(), len(junk))
+	if p.Stats().Completed != int64(len(junk)) {
+		t.Fatalf("completed %d of %d", p.Stats().Completed, len(junk))
 	}
 }
 

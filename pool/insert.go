@@ -67,7 +67,7 @@ var ErrDuplicate = errors.New("duplicate job")
 // read that job, so DuplicateError.ID is 0. (Under SERIALIZABLE, the transaction may still fail
 // to commit as usual.) InsertMany returns it when any job of the batch meets such a key: then
 // nothing of the batch was inserted.
-var ErrDuplicateNotVisible = store.ErrHolderNotVisible
+var ErrDuplicateNotVisible = errors.New("the job holding the unique key was committed after this transaction's snapshot")
 
 // DuplicateError says which job holds the unique key an insert asked for.
 type DuplicateError struct {
@@ -194,7 +194,8 @@ func InsertTx(ctx context.Context, tx pgx.Tx, kind string, payload any, opts *In
 	return Insert(ctx, tx, kind, payload, opts)
 }
 
-// InsertManyParams is one job of a bulk insert.
+// InsertManyParams is one job of a bulk insert. With Kind empty and a Payload that is a JobArgs,
+// the job's kind is the payload's Kind().
 type InsertManyParams struct {
 	Kind    string
 	Payload any
@@ -218,13 +219,17 @@ type CopyDB interface {
 func InsertMany(ctx context.Context, db CopyDB, jobs []InsertManyParams) (int64, error) {
 	ps := make([]store.InsertParams, len(jobs))
 	for i, j := range jobs {
+		if a, ok := j.Payload.(JobArgs); ok && j.Kind == "" {
+			j.Kind = a.Kind()
+		}
 		p, err := params(j.Kind, j.Payload, j.Opts)
 		if err != nil {
 			return 0, fmt.Errorf("job %d: %w", i, err)
 		}
 		ps[i] = p
 	}
-	return store.InsertMany(ctx, db, ps)
+	n, err := store.InsertMany(ctx, db, ps)
+	return n, matchAlso(err, store.ErrHolderNotVisible, ErrDuplicateNotVisible)
 }
 
 // Migrate applies leash's pending schema migrations under an advisory lock and returns the

@@ -21,12 +21,12 @@ import (
 
 // The states of a job (leash.jobs.state).
 const (
-	StateAvailable = store.StateAvailable // waiting to run (run_at may be in the future)
-	StateRunning   = store.StateRunning   // under a lease
-	StateRetryable = store.StateRetryable // failed an attempt, waiting for the next
-	StateCompleted = store.StateCompleted // finished: done
-	StateFailed    = store.StateFailed    // finished: attempts used up or failed permanently
-	StateCancelled = store.StateCancelled // finished: revoked or cancelled
+	StateAvailable = "available" // waiting to run (run_at may be in the future)
+	StateRunning   = "running"   // under a lease
+	StateRetryable = "retryable" // failed an attempt, waiting for the next
+	StateCompleted = "completed" // finished: done
+	StateFailed    = "failed"    // finished: attempts used up or failed permanently
+	StateCancelled = "cancelled" // finished: revoked or cancelled
 )
 
 // States lists every job state, queued ones first.
@@ -130,7 +130,7 @@ type ListJobsParams struct {
 
 // ErrListTimeout: ListJobs gave up at ListJobsParams.Timeout, its filters matching too few of
 // too many rows. Narrow the filters or start from a BeforeID nearer to the jobs sought.
-var ErrListTimeout = store.ErrListTimeout
+var ErrListTimeout = errors.New("job list query took too long")
 
 // JobSummary is one job of a list: enough to pick it, without its payload or output.
 type JobSummary struct {
@@ -165,7 +165,7 @@ func ListJobs(ctx context.Context, db interface {
 	rows, err := store.ListJobs(ctx, db, store.ListParams{Queue: p.Queue, Kind: p.Kind, State: p.State, BeforeID: p.BeforeID,
 		Limit: limit, Timeout: cmp.Or(p.Timeout, ListTimeoutDefault)})
 	if err != nil {
-		return nil, err
+		return nil, matchAlso(err, store.ErrListTimeout, ErrListTimeout)
 	}
 	out := make([]JobSummary, len(rows))
 	for i, r := range rows {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/leashq/leash/internal/leasekeeper"
 	"github.com/leashq/leash/internal/store"
 	"github.com/leashq/leash/lease"
 )
@@ -43,7 +44,7 @@ type Job struct {
 	// or the column held something else than an object of strings.
 	TraceContext map[string]string
 
-	lease     *lease.Lease
+	lease     *leasekeeper.Lease
 	err       error // what the handler returned, for AttemptObserver
 	db        DB
 	doneInTx  atomic.Bool
@@ -84,10 +85,10 @@ func (j *Job) recordedOutput() []byte {
 	return nil
 }
 
-// Lease is this claim's lease: EnsureActive before side effects outside the database.
-func (j *Job) Lease() *lease.Lease { return j.lease }
-
-// EnsureActive returns nil while the lease is safe for writes, and the lease's cause once not.
+// EnsureActive returns nil while this claim's lease is safe for writes, and the lease's cause
+// (lease.ErrRevoked, lease.ErrLost, lease.ErrRenewalTimeout, lease.ErrShutdown) once not. Call
+// it before a side effect outside the database; the handler's context is cancelled with the same
+// cause.
 func (j *Job) EnsureActive() error { return j.lease.EnsureActive() }
 
 // Fence locks the job's row in tx and fails (wrapping ErrFenced and the lease's cause) unless
@@ -155,6 +156,9 @@ func (j *Job) SetProgress(ctx context.Context, v any) error {
 	}
 	if err := j.lease.EnsureActive(); err != nil {
 		return fmt.Errorf("set progress of job %d: %w: %w", j.ID, ErrFenced, err)
+	}
+	if j.db == nil {
+		return fmt.Errorf("set progress of job %d: %w: the job has no database (pooltest without one)", j.ID, ErrFenced)
 	}
 	return j.rowError(store.SetProgress(ctx, j.db, j.ID, j.Token, b))
 }

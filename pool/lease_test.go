@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/leashq/leash/internal/faultproxy"
+	"github.com/leashq/leash/internal/leasekeeper"
 	"github.com/leashq/leash/internal/pgtest"
 	"github.com/leashq/leash/internal/store"
 	"github.com/leashq/leash/lease"
@@ -59,9 +60,8 @@ func TestLongJobCompletesOnOneClaim(t *testing.T) {
 	if r := getRow(t, b.db, id); r.State != "completed" || r.Attempt != 1 {
 		t.Fatalf("row %+v", r)
 	}
-	m := &p.Metrics().Lease
-	if m.RenewalsSucceeded.Load() < 3 || m.RenewalsLost.Load() != 0 || m.EndedTimeout.Load() != 0 {
-		t.Fatalf("renewals ok=%d lost=%d timeouts=%d", m.RenewalsSucceeded.Load(), m.RenewalsLost.Load(), m.EndedTimeout.Load())
+	if p.Stats().Lease.RenewalsSucceeded < 3 || p.Stats().Lease.RenewalsLost != 0 || p.Stats().Lease.EndedTimeout != 0 {
+		t.Fatalf("renewals ok=%d lost=%d timeouts=%d", p.Stats().Lease.RenewalsSucceeded, p.Stats().Lease.RenewalsLost, p.Stats().Lease.EndedTimeout)
 	}
 }
 
@@ -175,7 +175,7 @@ func TestTakeoverFencesStaleHolder(t *testing.T) {
 	if err := <-aFenceErr; !errors.Is(err, pool.ErrFenced) {
 		t.Fatalf("A's late effect: %v, want ErrFenced", err)
 	}
-	waitFor(t, 10*time.Second, func() bool { return a.Metrics().StaleWrites.Load() == 1 })
+	waitFor(t, 10*time.Second, func() bool { return a.Stats().StaleWrites == 1 })
 
 	var id int64
 	var state string
@@ -227,7 +227,7 @@ func TestTakeoverNotificationStopsOldHolder(t *testing.T) {
 		if _, err := tx.Exec(ctx, `UPDATE leash.jobs SET lease_expires_at = now() - interval '1 second' WHERE id = $1`, id); err != nil {
 			return err
 		}
-		rescued, err := (&lease.Rescuer{DB: tx, Interval: time.Hour}).RunOnce(ctx)
+		rescued, err := (&leasekeeper.Rescuer{DB: tx, Interval: time.Hour}).RunOnce(ctx)
 		if err == nil && (len(rescued) != 1 || rescued[0].State != "retryable") {
 			err = fmt.Errorf("rescued %+v", rescued)
 		}
@@ -349,10 +349,9 @@ func TestOneRenewalStatementForAllLeases(t *testing.T) {
 	start(t, p)
 	waitFor(t, 20*time.Second, func() bool { return running.Load() == n })
 	// Three heartbeats' worth of renewals: three statements, each for all n leases.
-	m := &p.Metrics().Lease
-	before, renewedBefore := tracer.renewals.Load(), m.RenewalsSucceeded.Load()
-	waitFor(t, 20*time.Second, func() bool { return m.RenewalsSucceeded.Load()-renewedBefore >= 3*n })
-	renewed := m.RenewalsSucceeded.Load() - renewedBefore
+	before, renewedBefore := tracer.renewals.Load(), p.Stats().Lease.RenewalsSucceeded
+	waitFor(t, 20*time.Second, func() bool { return p.Stats().Lease.RenewalsSucceeded-renewedBefore >= 3*n })
+	renewed := p.Stats().Lease.RenewalsSucceeded - renewedBefore
 	// One statement may be in flight at either end of the window (counted by the tracer when
 	// sent, by the metric when confirmed).
 	if got := tracer.renewals.Load() - before; got < renewed/n-1 || got > renewed/n+1 {
@@ -438,7 +437,7 @@ func TestCompleteTxCommitsWithEffect(t *testing.T) {
 	if r := getRow(t, db, rolledBack); r.State != "failed" || effects(rolledBack) != 0 {
 		t.Fatalf("rolled back: %+v, %d effects", r, effects(rolledBack))
 	}
-	if n := p.Metrics().StaleWrites.Load(); n != 0 {
+	if n := p.Stats().StaleWrites; n != 0 {
 		t.Fatalf("%d stale writes", n)
 	}
 }
@@ -510,7 +509,7 @@ func TestProgressAndStalledHandler(t *testing.T) {
 	}
 	var ok bool
 	b.db.QueryRow(context.Background(), `SELECT leash.revoke_job($1, 'stop')`, id).Scan(&ok)
-	waitFor(t, 10*time.Second, func() bool { return p.Metrics().Stalled.Load() == 1 })
+	waitFor(t, 10*time.Second, func() bool { return p.Stats().Stalled == 1 })
 	close(release)
 	b.events.wait(t, 1, 10*time.Second)
 	// It returned nil, but only after the revocation reached it: revoked wins.

@@ -45,6 +45,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/leashq/leash/internal/leasekeeper"
 	"github.com/leashq/leash/internal/pgtest"
 	"github.com/leashq/leash/lease"
 	"github.com/leashq/leash/notify"
@@ -399,20 +400,20 @@ func (m *model) startPool() *mpool {
 	// The claim loop's shape, drawn apart from poolRng so that earlier seeds replay as they did.
 	shape := rand.New(rand.NewPCG(uint64(m.seed), 0x5a1e+uint64(n)))
 	cfg := pool.Config{
-		ID:                   fmt.Sprintf("model-%d-w%d", m.seed%10000, n),
-		Concurrency:          3 + m.poolRng.IntN(3),
-		LeaseDuration:        modelLease,
-		HeartbeatInterval:    modelHeartbeat,
-		RescueInterval:       modelDur(m.poolRng, 100, 250),
-		PollInterval:         modelDur(m.poolRng, 40, 150),
-		ShutdownTimeout:      time.Second,
-		ShutdownStallWait:    modelDur(m.poolRng, 50, 300),
-		FinishFlushInterval:  modelDur(m.poolRng, 1, 20),
+		ID:                fmt.Sprintf("model-%d-w%d", m.seed%10000, n),
+		Concurrency:       3 + m.poolRng.IntN(3),
+		LeaseDuration:     modelLease,
+		HeartbeatInterval: modelHeartbeat,
+		RescueInterval:    modelDur(m.poolRng, 100, 250),
+		PollInterval:      modelDur(m.poolRng, 40, 150),
+		ShutdownTimeout:   time.Second,
+		ShutdownStallWait: modelDur(m.poolRng, 50, 300),
+		// One literal, so that poolRng is drawn in the same order as ever (shape is its own).
+		Engine: pool.EngineConfig{FinishFlushInterval: modelDur(m.poolRng, 1, 20),
+			ClaimsInFlight: 1 + shape.IntN(2), ClaimGather: modelDur(shape, 0, 5)},
 		ListenReconnectDelay: modelDur(m.poolRng, 200, 1000),
 		ListenPingInterval:   modelDur(m.poolRng, 1000, 3000),
 		RetryBackoff:         func(int) time.Duration { return retry },
-		ClaimsInFlight:       1 + shape.IntN(2),
-		ClaimGather:          modelDur(shape, 0, 5),
 	}
 	if os.Getenv("LEASH_TEST_LOG") != "" {
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
@@ -507,7 +508,7 @@ func (m *model) handle(ctx context.Context, j *pool.Job, mp *mpool) (err error) 
 		r := recover()
 		stop()
 		now := time.Now()
-		cause := j.Lease().Cause()
+		cause := pool.LeaseCause(j)
 		e.seeCause(cause, now)
 		e.mu.Lock()
 		e.returned, e.err, e.panicked, e.causeAtReturn = now, err, r != nil, cause
@@ -1225,7 +1226,7 @@ func (m *model) opForceExpiry(ctx context.Context) {
 	}
 	rescue := m.tgtRng.IntN(2) == 0
 	if rescue {
-		if _, err := (&lease.Rescuer{DB: tx, Interval: time.Hour}).RunOnce(ctx); err != nil {
+		if _, err := (&leasekeeper.Rescuer{DB: tx, Interval: time.Hour}).RunOnce(ctx); err != nil {
 			m.fatalf("rescue: %v", err)
 		}
 	}
@@ -1311,7 +1312,7 @@ func (m *model) settle(ctx context.Context) {
 		case <-time.After(30 * time.Second):
 			m.fatalf("pool %s did not stop within 30s", mp.id)
 		}
-		m.staleSeen.Add(mp.p.Metrics().StaleWrites.Load())
+		m.staleSeen.Add(mp.p.Stats().StaleWrites)
 	}
 	wait := make(chan struct{})
 	go func() { m.handlers.Wait(); close(wait) }()

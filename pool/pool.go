@@ -19,17 +19,16 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/leashq/leash/internal/leasekeeper"
 	"github.com/leashq/leash/internal/listener"
 	"github.com/leashq/leash/internal/netdial"
 	"github.com/leashq/leash/internal/store"
-	"github.com/leashq/leash/lease"
-	"github.com/leashq/leash/notify"
 )
 
-// Metrics counts what a Pool did. All fields are safe for concurrent use.
-type Metrics struct {
-	Lease  lease.Metrics
-	Notify notify.Metrics
+// counters count what a Pool did; Stats reads them. All fields are safe for concurrent use.
+type counters struct {
+	Lease  leasekeeper.Metrics
+	Notify listener.Metrics
 
 	Claimed        atomic.Int64
 	Completed      atomic.Int64
@@ -53,7 +52,7 @@ type Metrics struct {
 	SetAside atomic.Int64
 }
 
-func (m *Metrics) count(state string) {
+func (m *counters) count(state string) {
 	switch state {
 	case store.StateCompleted:
 		m.Completed.Add(1)
@@ -74,8 +73,8 @@ type Pool struct {
 	ctl     atomic.Pointer[pgxpool.Pool]
 	cfg     Config
 	log     *slog.Logger
-	metrics *Metrics
-	keeper  *lease.Keeper
+	metrics *counters
+	keeper  *leasekeeper.Keeper
 
 	handlersMu sync.RWMutex
 	handlers   map[string]Handler
@@ -125,7 +124,7 @@ func New(db *pgxpool.Pool, cfg Config) (*Pool, error) {
 	}
 	cfg = cfg.withDefaults()
 	p := &Pool{
-		db: db, cfg: cfg, log: cfg.Logger.With(slog.String("worker", cfg.ID)), metrics: &Metrics{},
+		db: db, cfg: cfg, log: cfg.Logger.With(slog.String("worker", cfg.ID)), metrics: &counters{},
 		handlers: map[string]Handler{}, wake: make(chan struct{}, 1), slotWake: make(chan struct{}, 1),
 		finishCh: make(chan finishItem, 4*cfg.Concurrency+16), outcomeWake: make(chan struct{}, 1),
 		running: map[int64]*Job{}, shutdownCh: make(chan struct{}), done: make(chan struct{}),
@@ -133,7 +132,7 @@ func New(db *pgxpool.Pool, cfg Config) (*Pool, error) {
 	p.startObs, _ = cfg.Observer.(StartObserver)
 	p.revocations = newRecorder(p)
 	p.waiterID = cfg.ID + "/" + rand.Text()[:8]
-	p.keeper = lease.NewKeeper(controlDB{p}, cfg.leaseConfig(), p.leases, p.log, &p.metrics.Lease)
+	p.keeper = leasekeeper.NewKeeper(controlDB{p}, cfg.leaseConfig(), p.leases, p.log, &p.metrics.Lease)
 	if len(cfg.Hooks) > 0 {
 		p.keeper.OnEnd = p.leaseEnded
 	}
@@ -206,10 +205,10 @@ func controlFailover(cc *pgxpool.Config) {
 }
 
 // leases returns the leases of the running jobs, for the keeper to renew.
-func (p *Pool) leases() []*lease.Lease {
+func (p *Pool) leases() []*leasekeeper.Lease {
 	p.runningMu.Lock()
 	defer p.runningMu.Unlock()
-	out := make([]*lease.Lease, 0, len(p.running))
+	out := make([]*leasekeeper.Lease, 0, len(p.running))
 	for _, j := range p.running {
 		out = append(out, j.lease)
 	}
@@ -253,9 +252,6 @@ func (p *Pool) Register(kind string, h Handler) error {
 
 // Config returns the pool's configuration with defaults filled.
 func (p *Pool) Config() Config { return p.cfg }
-
-// Metrics returns the pool's live counters.
-func (p *Pool) Metrics() *Metrics { return p.metrics }
 
 // Healthy reports whether the last lease renewal statement succeeded. A worker whose renewals
 // fail claims nothing until they succeed again; readiness probes can report it.
@@ -310,7 +306,7 @@ func (p *Pool) Run(ctx context.Context) error {
 	svcCtx, stopServices := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopServices()
 	services, svcCtx := errgroup.WithContext(svcCtx)
-	rescuer := &lease.Rescuer{DB: controlDB{p}, Interval: p.cfg.RescueInterval, Logger: p.log, Metrics: &p.metrics.Lease}
+	rescuer := &leasekeeper.Rescuer{DB: controlDB{p}, Interval: p.cfg.RescueInterval, Logger: p.log, Metrics: &p.metrics.Lease}
 	for _, svc := range []func(context.Context){p.keeper.Run, rescuer.Run, p.watchStalls, p.runRetention, p.revocations.run, p.runSchedules, p.runPlannerStats, p.watchSettings,
 		func(ctx context.Context) { p.listener.Run(ctx) }} {
 		services.Go(func() error { svc(svcCtx); return nil })

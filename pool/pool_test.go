@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/leashq/leash/internal/leasekeeper"
 	"github.com/leashq/leash/internal/pgtest"
 	"github.com/leashq/leash/lease"
 	"github.com/leashq/leash/pool"
@@ -217,7 +218,7 @@ func TestPanicRecordedWithStack(t *testing.T) {
 	if st, _ := r.Errors[0]["stack"].(string); !strings.Contains(st, "pool_test.go") {
 		t.Fatalf("no stack in %+v", r.Errors[0])
 	}
-	if p.Metrics().Panics.Load() != 1 {
+	if p.Stats().Panics != 1 {
 		t.Fatal("panic not counted")
 	}
 }
@@ -389,10 +390,10 @@ func TestShutdownHandsBack(t *testing.T) {
 	if r.State != "available" || r.Attempt != 0 || r.Token != nil || len(r.Errors) != 0 {
 		t.Fatalf("row %+v", r)
 	}
-	if n := p.Metrics().StaleWrites.Load(); n != 0 {
+	if n := p.Stats().StaleWrites; n != 0 {
 		t.Fatalf("%d stale writes", n)
 	}
-	if n := p.Metrics().HandedBack.Load(); n != 1 {
+	if n := p.Stats().HandedBack; n != 1 {
 		t.Fatalf("%d handed back", n)
 	}
 }
@@ -455,12 +456,12 @@ func TestBadInput(t *testing.T) {
 		t.Fatalf("%d rows inserted by bad input", n)
 	}
 	for name, cfg := range map[string]pool.Config{
-		"Concurrency":       {Concurrency: -1},
-		"HeartbeatInterval": {LeaseDuration: time.Second, HeartbeatInterval: 600 * time.Millisecond},
-		"PollInterval":      {PollInterval: time.Millisecond},
-		"Queues":            {Queues: []string{""}},
-		"ClaimsInFlight":    {ClaimsInFlight: 3}, // needs ControlConns 5
-		"ClaimGather":       {ClaimGather: 2 * time.Second},
+		"Concurrency":           {Concurrency: -1},
+		"HeartbeatInterval":     {LeaseDuration: time.Second, HeartbeatInterval: 600 * time.Millisecond},
+		"PollInterval":          {PollInterval: time.Millisecond},
+		"Queues":                {Queues: []string{""}},
+		"Engine.ClaimsInFlight": {Engine: pool.EngineConfig{ClaimsInFlight: 3}}, // needs ControlConns 5
+		"Engine.ClaimGather":    {Engine: pool.EngineConfig{ClaimGather: 2 * time.Second}},
 	} {
 		_, err := pool.New(db, cfg)
 		var ce *pool.ConfigError
@@ -468,7 +469,7 @@ func TestBadInput(t *testing.T) {
 			t.Errorf("config %s: got %v", name, err)
 		}
 	}
-	if _, err := pool.New(db, pool.Config{ClaimsInFlight: 3, ControlConns: 5}); err != nil {
+	if _, err := pool.New(db, pool.Config{Engine: pool.EngineConfig{ClaimsInFlight: 3}, ControlConns: 5}); err != nil {
 		t.Errorf("three claims in flight on five control connections: %v", err)
 	}
 }
@@ -570,11 +571,11 @@ func TestShutdownAbandonsStalledHandlerToItsLease(t *testing.T) {
 	if r.State != "running" || r.Attempt != 1 || r.Token == nil {
 		t.Fatalf("abandoned job %+v, want still running under its lease", r)
 	}
-	if n := p.Metrics().Abandoned.Load(); n != 1 {
+	if n := p.Stats().Abandoned; n != 1 {
 		t.Fatalf("%d abandoned", n)
 	}
 	waitFor(t, 10*time.Second, func() bool {
-		got, err := (&lease.Rescuer{DB: b.db, Interval: time.Hour}).RunOnce(context.Background())
+		got, err := (&leasekeeper.Rescuer{DB: b.db, Interval: time.Hour}).RunOnce(context.Background())
 		return err == nil && len(got) == 1
 	})
 	close(release)
@@ -582,7 +583,7 @@ func TestShutdownAbandonsStalledHandlerToItsLease(t *testing.T) {
 	if r := getRow(t, b.db, id); r.State != "retryable" || r.Attempt != 1 {
 		t.Fatalf("after rescue and the late return: %+v", r)
 	}
-	if n := p.Metrics().StaleWrites.Load(); n != 0 {
+	if n := p.Stats().StaleWrites; n != 0 {
 		t.Fatalf("%d stale writes", n)
 	}
 }

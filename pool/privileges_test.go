@@ -77,7 +77,7 @@ func TestWorkerRoleWithREADMEGrants(t *testing.T) {
 	as := poolAsRole(t, db, grants...)
 	var logs syncbuf.Buffer
 	cfg := fastConfig()
-	cfg.WaitAfter = 20 * time.Millisecond
+	cfg.Engine.WaitAfter = 20 * time.Millisecond
 	cfg.PollInterval = 5 * time.Second // wake-ups, not polls, must start the jobs below
 	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 	cfg.Schedules = []pool.Schedule{{Name: "tick", Spec: "@every 200ms", Kind: "scheduled"}}

@@ -180,7 +180,7 @@ func TestTruncatedQueuesRecoverAtOnce(t *testing.T) {
 	cfg := fastConfig()
 	cfg.Queues = []string{"a"}
 	cfg.PollInterval = 3 * time.Second
-	cfg.WaitAfter = time.Millisecond
+	cfg.Engine.WaitAfter = time.Millisecond
 	var c concurrency
 	p, _ := setup(t, db, cfg, map[string]pool.Handler{"w": holding(&c, 0)})
 	start(t, p)
@@ -218,7 +218,7 @@ func TestPauseUnderLoadCommitsAtOnce(t *testing.T) {
 		cfg := fastConfig()
 		cfg.Queues = []string{"hot"}
 		cfg.Concurrency = 8
-		cfg.OutcomesWithClaims = true
+		cfg.Engine.OutcomesWithClaims = true
 		p, _ := setup(t, db, cfg, map[string]pool.Handler{"w": holding(&c, 0)})
 		start(t, p)
 	}

@@ -599,7 +599,7 @@ func TestRoleWithoutGrantsCannotStallClaims(t *testing.T) {
 	cfg := fastConfig()
 	cfg.Queues = []string{"capq", "other"}
 	cfg.Concurrency = 2
-	cfg.WaitAfter = time.Millisecond
+	cfg.Engine.WaitAfter = time.Millisecond
 	var c concurrency
 	p, _ := setup(t, db, cfg, map[string]pool.Handler{"w": holding(&c, 0)})
 	start(t, p)

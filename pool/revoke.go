@@ -7,14 +7,15 @@ import (
 	"sync"
 	"time"
 
+	"github.com/leashq/leash/internal/clean"
+	"github.com/leashq/leash/internal/listener"
 	"github.com/leashq/leash/internal/store"
 	"github.com/leashq/leash/lease"
-	"github.com/leashq/leash/notify"
 )
 
 // onRevoked handles a job_revoked notification on the listener's goroutine: it must not block,
 // so database work goes to the revocation recorder.
-func (p *Pool) onRevoked(r notify.Revocation) {
+func (p *Pool) onRevoked(r listener.Revocation) {
 	j := p.lookupJob(r.ID, r.Token)
 	if j == nil || errors.Is(j.lease.Cause(), lease.ErrLost) {
 		return // not ours, an earlier claim, or a claim another worker has taken over
@@ -28,7 +29,7 @@ func (p *Pool) onRevoked(r notify.Revocation) {
 		p.keeper.Kick(false)
 		return
 	}
-	reason := store.CleanText(r.Reason, store.MaxReasonBytes)
+	reason := clean.Text(r.Reason, store.MaxReasonBytes)
 	if reason == "" {
 		reason = defaultRevokeReason
 	}

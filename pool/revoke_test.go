@@ -102,7 +102,7 @@ func TestConsoleNotifyRevokesRunningJob(t *testing.T) {
 	if r.State != "cancelled" || !strings.Contains(*r.LastError, "revoked") || !strings.Contains(reason, "NOTIFY") {
 		t.Fatalf("row %+v, reason %q", r, reason)
 	}
-	if p.Metrics().RevokedByNotification.Load() != 1 {
+	if p.Stats().RevokedByNotification != 1 {
 		t.Fatal("not counted as revoked by notification")
 	}
 }
@@ -181,10 +181,10 @@ func TestRevokeRequireRow(t *testing.T) {
 	start(t, p)
 	j := h.next(t)
 	waitFor(t, 10*time.Second, p.ListenerConnected)
-	before := p.Metrics().Lease.RenewalsSucceeded.Load()
+	before := p.Stats().Lease.RenewalsSucceeded
 	mustExec(t, b.db, fmt.Sprintf("NOTIFY job_revoked, '%d'", id))
 	// The notification makes the worker check the row, which says nothing: it keeps running.
-	waitFor(t, 10*time.Second, func() bool { return p.Metrics().Lease.RenewalsSucceeded.Load() > before })
+	waitFor(t, 10*time.Second, func() bool { return p.Stats().Lease.RenewalsSucceeded > before })
 	if err := j.EnsureActive(); err != nil {
 		t.Fatalf("a forged NOTIFY revoked the job: %v", err)
 	}
@@ -222,8 +222,7 @@ func TestRevocationLandsWithListenerDown(t *testing.T) {
 	if r := getRow(t, b.db, id); r.State != "cancelled" {
 		t.Fatalf("row %+v", r)
 	}
-	m := &p.Metrics().Lease
-	if m.RevokedByRenewal.Load()+m.RevokedByRecheck.Load() != 1 || p.Metrics().RevokedByNotification.Load() != 0 {
+	if p.Stats().Lease.RevokedByRenewal+p.Stats().Lease.RevokedByRecheck != 1 || p.Stats().RevokedByNotification != 0 {
 		t.Fatal("revocation not counted as found by renewal")
 	}
 }
@@ -254,7 +253,7 @@ func TestGarbageNotificationsLeaveWorkerWorking(t *testing.T) {
 	if r := getRow(t, b.db, good); r.State != "completed" {
 		t.Fatalf("worker stopped working: %+v", r)
 	}
-	if n := p.Metrics().Notify.Malformed.Load(); n != 10000 {
+	if n := p.Stats().Listener.Malformed; n != 10000 {
 		t.Fatalf("%d malformed counted, want 10000", n)
 	}
 }
@@ -333,7 +332,7 @@ func TestRevokeRacesComplete(t *testing.T) {
 	}
 	slices.Sort(seen)
 	t.Log(seen)
-	if n := p.Metrics().StaleWrites.Load(); n != 0 {
+	if n := p.Stats().StaleWrites; n != 0 {
 		t.Fatalf("%d stale writes", n)
 	}
 }
@@ -475,7 +474,7 @@ func TestRevocationWithoutNotificationReachesFencedTransaction(t *testing.T) {
 	if r := getRow(t, db, id); r.State != "cancelled" || !r.Revoked || h.effects(t, id) != 0 {
 		t.Fatalf("row %+v, %d effects", r, h.effects(t, id))
 	}
-	if m := &p.Metrics().Lease; m.RevokedByRenewal.Load()+m.RevokedByRecheck.Load() != 1 || p.Metrics().RevokedByNotification.Load() != 0 {
-		t.Fatalf("revocation not found by the heartbeat: renewal %d, recheck %d, notification %d", p.Metrics().Lease.RevokedByRenewal.Load(), p.Metrics().Lease.RevokedByRecheck.Load(), p.Metrics().RevokedByNotification.Load())
+	if p.Stats().Lease.RevokedByRenewal+p.Stats().Lease.RevokedByRecheck != 1 || p.Stats().RevokedByNotification != 0 {
+		t.Fatalf("revocation not found by the heartbeat: renewal %d, recheck %d, notification %d", p.Stats().Lease.RevokedByRenewal, p.Stats().Lease.RevokedByRecheck, p.Stats().RevokedByNotification)
 	}
 }

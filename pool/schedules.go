@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/robfig/cron/v3"
 
+	"github.com/leashq/leash/internal/clean"
 	"github.com/leashq/leash/internal/store"
 )
 
@@ -242,7 +243,7 @@ func parseSpec(spec string) (tickSpec, error) {
 func parseCron(s string) (sched cron.Schedule, err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			sched, err = nil, fmt.Errorf("the cron parser failed on it: %s", store.CleanText(describe(r), 200))
+			sched, err = nil, fmt.Errorf("the cron parser failed on it: %s", clean.Text(describe(r), 200))
 		}
 	}()
 	return cronParser.Parse(s)
@@ -409,7 +410,7 @@ func (p *Pool) scheduleOnceSafely(ctx context.Context, specs *specCache) (more b
 	defer func() {
 		if r := recover(); r != nil {
 			p.metrics.ScheduleErrors.Add(1)
-			more, err = false, fmt.Errorf("enqueue scheduled jobs: panic: %s", store.CleanText(describe(r), 512))
+			more, err = false, fmt.Errorf("enqueue scheduled jobs: panic: %s", clean.Text(describe(r), 512))
 		}
 	}()
 	return p.scheduleOnce(ctx, specs)
@@ -440,7 +441,7 @@ func (p *Pool) scheduleOnce(ctx context.Context, specs *specCache) (more bool, e
 			if t.Err != "" {
 				p.metrics.ScheduleErrors.Add(1)
 				p.log.ErrorContext(ctx, "schedule refused; it stays stopped until its spec changes",
-					slog.String("schedule", safeName(row.Name)), slog.String("err", store.CleanText(t.Err, 512)))
+					slog.String("schedule", safeName(row.Name)), slog.String("err", clean.Text(t.Err, 512)))
 			}
 			id, folded, err := store.ApplyTick(sctx, tx, row, t)
 			if err != nil {
@@ -477,7 +478,7 @@ func (p *Pool) scheduleOnce(ctx context.Context, specs *specCache) (more bool, e
 }
 
 // safeName bounds a name read from the database for a log line.
-func safeName(s string) string { return store.CleanText(s, 128) }
+func safeName(s string) string { return clean.Text(s, 128) }
 
 // sleepCtx waits d or until ctx is done; false when ctx is done.
 func sleepCtx(ctx context.Context, d time.Duration) bool {

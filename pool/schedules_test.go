@@ -153,8 +153,8 @@ func TestBadSchedules(t *testing.T) {
 	if i < 0 || !list[i].Stopped() || list[i].LastError == "" {
 		t.Fatalf("bad schedule: %+v; want stopped with its error", list)
 	}
-	if n := len(ticks(t, db, "bad")); n != 0 || p.Metrics().ScheduleErrors.Load() == 0 {
-		t.Fatalf("bad schedule enqueued %d jobs, errors counted %d", n, p.Metrics().ScheduleErrors.Load())
+	if n := len(ticks(t, db, "bad")); n != 0 || p.Stats().ScheduleErrors == 0 {
+		t.Fatalf("bad schedule enqueued %d jobs, errors counted %d", n, p.Stats().ScheduleErrors)
 	}
 	if _, err := db.Exec(ctx, `UPDATE leash.schedules SET spec = '@every 150ms' WHERE name = 'bad'`); err != nil {
 		t.Fatal(err)

@@ -150,7 +150,7 @@ func TestReadyToleratesAListenerReconnect(t *testing.T) {
 		if err := p.Ready(); err != nil {
 			t.Fatalf("not ready during a reconnect: %v", err)
 		}
-		return p.Metrics().Notify.Reconnects.Load() > 0 && p.ListenerConnected()
+		return p.Stats().Listener.Reconnects > 0 && p.ListenerConnected()
 	})
 }
 
@@ -207,7 +207,7 @@ func TestWorkerUnderHostileDatabaseDefaults(t *testing.T) {
 	}
 	// Twice the idle-session timeout with nothing to do: the listener stays.
 	time.Sleep(1200 * time.Millisecond)
-	if n := p.Metrics().Notify.Reconnects.Load(); n != 0 || !p.ListenerConnected() || p.Ready() != nil {
+	if n := p.Stats().Listener.Reconnects; n != 0 || !p.ListenerConnected() || p.Ready() != nil {
 		t.Fatalf("listener reconnected %d times, connected %v, ready %v", n, p.ListenerConnected(), p.Ready())
 	}
 	rows, _ := admin.Query(ctx, "SELECT fn FROM public.calls")

@@ -101,11 +101,11 @@ func ReadStatus(ctx context.Context, db DB, p StatusParams) (Status, error) {
 const (
 	// SampleLagDefault is how long after a minute ends it is sampled: outcomes are stamped with
 	// their transaction's start time, so a minute's last outcomes may commit a little after it.
-	SampleLagDefault = store.SampleLagDefault
+	SampleLagDefault = 5 * time.Second
 	// SampleBackfillDefault is how many closed minutes a sample fills in at most.
-	SampleBackfillDefault = store.SampleBackfillDefault
+	SampleBackfillDefault = 60
 	// SampleRetainDefault is how long sampled minutes are kept.
-	SampleRetainDefault = store.SampleRetainDefault
+	SampleRetainDefault = 24 * time.Hour
 )
 
 // MinuteSampleParams tune SampleMinuteStats. The zero value gives the defaults.

@@ -4,14 +4,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-
-	"github.com/leashq/leash/internal/store"
 )
 
 // MaxTraceContextBytes is the largest trace context a job carries, as JSON: ample for a W3C
 // traceparent (55 bytes) and tracestate (512 by the specification). A tracing worker reads a
 // larger trace_context as none.
-const MaxTraceContextBytes = store.MaxTraceContextBytes
+const MaxTraceContextBytes = 4096
 
 // encodeTraceContext is tc as the JSON object stored in trace_context; nil for an empty carrier.
 func encodeTraceContext(tc map[string]string) ([]byte, error) {

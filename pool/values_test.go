@@ -44,7 +44,7 @@ func TestUnclaimableRowIsSetAside(t *testing.T) {
 	if r.State != "failed" || r.LastError == nil || !strings.Contains(*r.LastError, "no room for another claim") {
 		t.Fatalf("unclaimable row: state %s, last_error %v", r.State, r.LastError)
 	}
-	if n := p.Metrics().SetAside.Load(); n != 1 {
+	if n := p.Stats().SetAside; n != 1 {
 		t.Fatalf("SetAside = %d, want 1", n)
 	}
 }

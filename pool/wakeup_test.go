@@ -97,7 +97,7 @@ func TestWaitRaceEndsWithinOnePoll(t *testing.T) {
 	db := pgtest.PoolFor(t, url)
 	ctx := context.Background()
 	cfg := fastConfig()
-	cfg.PollInterval, cfg.WaitAfter = 400*time.Millisecond, 20*time.Millisecond
+	cfg.PollInterval, cfg.Engine.WaitAfter = 400*time.Millisecond, 20*time.Millisecond
 	started := make(chan time.Time, 1)
 	p, _ := setup(t, db, cfg, map[string]pool.Handler{"noop": pool.HandlerFunc(func(ctx context.Context, j *pool.Job) error {
 		started <- time.Now()
@@ -184,7 +184,7 @@ func TestNoWakeUpsForQueuesItCannotClaim(t *testing.T) {
 	}
 	cfg := fastConfig()
 	cfg.Queues = []string{"open", "held", "capped"}
-	cfg.PollInterval, cfg.WaitAfter = time.Minute, 20*time.Millisecond
+	cfg.PollInterval, cfg.Engine.WaitAfter = time.Minute, 20*time.Millisecond
 	started := make(chan string, 100)
 	p, _ := setup(t, db, cfg, map[string]pool.Handler{"noop": pool.HandlerFunc(func(ctx context.Context, j *pool.Job) error {
 		started <- j.Queue

@@ -4,8 +4,6 @@ import (
 	"context"
 	"log/slog"
 	"time"
-
-	"github.com/leashq/leash/notify"
 )
 
 // TerminateAbandoned exposes terminateAbandoned to the external tests.
@@ -14,7 +12,7 @@ func (l *Listener) TerminateAbandoned(ctx context.Context, pid int32, backendSta
 		l.log = slog.New(slog.DiscardHandler)
 	}
 	if l.Metrics == nil {
-		l.Metrics = &notify.Metrics{}
+		l.Metrics = &Metrics{}
 	}
 	return l.terminateAbandoned(ctx, pid, backendStart)
 }

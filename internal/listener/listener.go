@@ -74,7 +74,7 @@ type Listener struct {
 	// OnAvailable is called with the queue name of a job_available notification.
 	OnAvailable func(queue string)
 	// OnRevoked is called with each well-formed job_revoked payload.
-	OnRevoked func(notify.Revocation)
+	OnRevoked func(Revocation)
 	// OnQueueChanged is called with the payload of each queue_changed notification (a queue
 	// name, or anything a forger sent: it only prompts a re-read of leash.queues).
 	OnQueueChanged func(queue string)
@@ -82,7 +82,7 @@ type Listener struct {
 	// channel: whatever was missed while disconnected can be re-checked then.
 	OnConnect func()
 	// Metrics, when set, is updated as notifications arrive.
-	Metrics *notify.Metrics
+	Metrics *Metrics
 
 	log         *slog.Logger
 	connected   atomic.Bool
@@ -157,7 +157,7 @@ func (l *Listener) Run(ctx context.Context) error {
 		return errors.New("notify: Listener.Config is nil")
 	}
 	if l.Metrics == nil {
-		l.Metrics = &notify.Metrics{}
+		l.Metrics = &Metrics{}
 	}
 	l.log = l.Logger
 	if l.log == nil {
@@ -193,7 +193,7 @@ func (l *Listener) Run(ctx context.Context) error {
 	})
 	handle(notify.ChannelJobRevoked, func(ctx context.Context, n *pgconn.Notification) {
 		l.Metrics.Received.Add(1)
-		r, err := notify.ParseRevocation(n.Payload)
+		r, err := ParseRevocation(n.Payload)
 		if err != nil {
 			l.Metrics.Malformed.Add(1)
 			// At most one log line per second; the counter keeps the total.

@@ -128,14 +128,14 @@ func TestOnConnectAfterEveryListen(t *testing.T) {
 	cfg.Tracer = tr
 	connects := make(chan []string, 1)
 	avail := make(chan string, 10)
-	revoked := make(chan notify.Revocation, 10)
+	revoked := make(chan listener.Revocation, 10)
 	var n atomic.Int64
-	m := &notify.Metrics{}
+	m := &listener.Metrics{}
 	l := &listener.Listener{
 		Config: cfg, ReconnectDelay: 50 * time.Millisecond, PingInterval: -1,
 		Notify: notifyVia(db), QueryRow: db.QueryRow, Metrics: m,
 		OnAvailable: func(q string) { avail <- q },
-		OnRevoked:   func(r notify.Revocation) { revoked <- r },
+		OnRevoked:   func(r listener.Revocation) { revoked <- r },
 		OnConnect: func() {
 			i := n.Add(1)
 			// Sent from another connection before the listener goes on: it must not be missed.
@@ -230,7 +230,7 @@ func TestHalfOpenTerminatesOldBackend(t *testing.T) {
 
 	connects := make(chan struct{}, 10)
 	avail := make(chan string, 10)
-	m := &notify.Metrics{}
+	m := &listener.Metrics{}
 	l := &listener.Listener{
 		Config: cfg, ReconnectDelay: 50 * time.Millisecond,
 		PingInterval: 100 * time.Millisecond, PingTimeout: time.Second,
@@ -303,7 +303,7 @@ func TestTerminateMatchesPIDStartAndName(t *testing.T) {
 	}
 	victim, pid, start := open(notify.ApplicationName)
 	_, otherPID, otherStart := open("someone-else")
-	m := &notify.Metrics{}
+	m := &listener.Metrics{}
 	l := &listener.Listener{QueryRow: db.QueryRow, Metrics: m}
 
 	if l.TerminateAbandoned(ctx, pid, start.Add(time.Microsecond)) {

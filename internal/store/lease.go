@@ -548,8 +548,8 @@ func LeaseStates(ctx context.Context, db DBTX, ids []int64) ([]LeaseState, error
 // Rescued is a running job whose lease expired and that a rescuer took back.
 type Rescued struct {
 	ID       int64
-	OldToken int64
-	OldOwner string
+	OldToken int64  // the token of the claim that lost the job
+	OldOwner string // the worker that held it
 	State    string // retryable, failed or cancelled
 }
 

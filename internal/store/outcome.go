@@ -9,6 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/leashq/leash/internal/clean"
 )
 
 // Outcome is the fenced final write for one claim. The worker decides every field; the
@@ -56,9 +58,9 @@ func (o *Outcome) encodeError() (*string, error) {
 		return nil, nil
 	}
 	e := *o.Error
-	e.Error = CleanText(e.Error, MaxErrorBytes)
-	e.Stack = CleanText(e.Stack, MaxStackBytes)
-	e.Worker = CleanText(e.Worker, 256)
+	e.Error = clean.Text(e.Error, MaxErrorBytes)
+	e.Stack = clean.Text(e.Stack, MaxStackBytes)
+	e.Worker = clean.Text(e.Worker, 256)
 	b, err := json.Marshal(e)
 	if err != nil {
 		return nil, fmt.Errorf("encode attempt error of job %d: %w", o.ID, err)
@@ -97,7 +99,7 @@ func finishQuery(outs []Outcome) (string, []any, error) {
 			return "", nil, err
 		}
 		if o.Revoke != nil {
-			r := CleanText(*o.Revoke, MaxReasonBytes)
+			r := clean.Text(*o.Revoke, MaxReasonBytes)
 			revokes[i] = &r
 		}
 		if o.Output != nil {
@@ -174,7 +176,7 @@ const maxHistoryBytesSQL = "1048576"
 // invalidOutput stands in for an output that is not valid JSON: the outcome is written, with a
 // note of why the output is not.
 func invalidOutput(err error) []byte {
-	b, _ := json.Marshal(map[string]string{"invalid_output": CleanText(err.Error(), 512)})
+	b, _ := json.Marshal(map[string]string{"invalid_output": clean.Text(err.Error(), 512)})
 	return b
 }
 

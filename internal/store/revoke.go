@@ -5,6 +5,8 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/leashq/leash/internal/clean"
 )
 
 // Revocation is a revocation that arrived as a notification for a claim this worker holds (or
@@ -29,7 +31,7 @@ func MarkRevoked(ctx context.Context, db DBTX, rs []Revocation) (locked []int64,
 	n := len(rs)
 	ids, tokens, attempts, reasons, jobs := make([]int64, n), make([]int64, n), make([]int32, n), make([]string, n), make([]bool, n)
 	for i, r := range rs {
-		ids[i], tokens[i], attempts[i], reasons[i], jobs[i] = r.ID, r.Token, r.Attempt, CleanText(r.Reason, MaxReasonBytes), r.Job
+		ids[i], tokens[i], attempts[i], reasons[i], jobs[i] = r.ID, r.Token, r.Attempt, clean.Text(r.Reason, MaxReasonBytes), r.Job
 	}
 	rows, err := db.Query(ctx, `
 		WITH wanted AS (
@@ -70,7 +72,7 @@ func MarkRevoked(ctx context.Context, db DBTX, rs []Revocation) (locked []int64,
 // Revoke calls leash.revoke_job.
 func Revoke(ctx context.Context, db DBTX, id int64, reason string) (bool, error) {
 	var ok bool
-	if err := db.QueryRow(ctx, `SELECT leash.revoke_job($1, nullif($2, ''))`, id, CleanText(reason, MaxReasonBytes)).Scan(&ok); err != nil {
+	if err := db.QueryRow(ctx, `SELECT leash.revoke_job($1, nullif($2, ''))`, id, clean.Text(reason, MaxReasonBytes)).Scan(&ok); err != nil {
 		return false, fmt.Errorf("revoke job %d: %w", id, err)
 	}
 	return ok, nil

@@ -8,6 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/leashq/leash/internal/clean"
 )
 
 // ScheduleRow is one row of leash.schedules.
@@ -181,7 +183,7 @@ func ApplyTick(ctx context.Context, tx pgx.Tx, s ScheduleRow, t Tick) (id int64,
 		switch {
 		case t.Err != "":
 			_, err := sp.Exec(ctx, `UPDATE leash.schedules SET next_run_at = 'infinity', last_error = $2 WHERE name = $1`,
-				s.Name, CleanText(t.Err, 1024))
+				s.Name, clean.Text(t.Err, 1024))
 			return err
 		case !t.Enqueue:
 			_, err := sp.Exec(ctx, `UPDATE leash.schedules SET next_run_at = $2 WHERE name = $1`, s.Name, t.Next)
@@ -222,7 +224,7 @@ func ApplyTick(ctx context.Context, tx pgx.Tx, s ScheduleRow, t Tick) (id int64,
 // that cannot be written (next out of range, ...), it stops the schedule with the error. Each in
 // a savepoint: only a failure to write the error itself fails tx.
 func SkipTick(ctx context.Context, tx pgx.Tx, name string, next time.Time, why string) error {
-	why = CleanText(why, 1024)
+	why = clean.Text(why, 1024)
 	err := pgx.BeginFunc(ctx, tx, func(sp pgx.Tx) error {
 		_, err := sp.Exec(ctx, `UPDATE leash.schedules SET next_run_at = $2, last_error = $3 WHERE name = $1`, name, next, why)
 		return err
@@ -232,7 +234,7 @@ func SkipTick(ctx context.Context, tx pgx.Tx, name string, next time.Time, why s
 	}
 	err = pgx.BeginFunc(ctx, tx, func(sp pgx.Tx) error {
 		_, err := sp.Exec(ctx, `UPDATE leash.schedules SET next_run_at = 'infinity', last_error = $2 WHERE name = $1`,
-			name, CleanText(why+"; then: "+err.Error(), 1024))
+			name, clean.Text(why+"; then: "+err.Error(), 1024))
 		return err
 	})
 	if err != nil {

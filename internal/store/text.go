@@ -5,8 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"regexp"
-	"strings"
 	"unicode/utf8"
+
+	"github.com/leashq/leash/internal/clean"
 )
 
 // Limits on text leash stores from outside the process (handler errors, panic values, stacks,
@@ -17,29 +18,9 @@ const (
 	MaxReasonBytes = 1 << 10
 )
 
-// CleanText makes s storable in a PostgreSQL text or jsonb string: NUL bytes and invalid UTF-8
-// become U+FFFD (PostgreSQL rejects both), and text beyond max bytes is cut on a character
-// boundary with a note saying how much was cut. Nothing else of s is lost. max <= 0 means no
-// limit.
-func CleanText(s string, max int) string {
-	if strings.IndexByte(s, 0) >= 0 {
-		s = strings.ReplaceAll(s, "\x00", "\uFFFD")
-	}
-	if !utf8.ValidString(s) {
-		s = strings.ToValidUTF8(s, "\uFFFD")
-	}
-	if max <= 0 || len(s) <= max {
-		return s
-	}
-	cut := max
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + fmt.Sprintf("… [%d more bytes cut]", len(s)-cut)
-}
-
 // CleanJSON makes a JSON document storable as jsonb: strings (keys included) holding NUL, which
-// jsonb rejects as \u0000, or lone surrogates get U+FFFD instead, as do invalid UTF-8 bytes. A document without
+// jsonb rejects as \u0000, or lone surrogates get U+FFFD instead (clean.Text), as do invalid
+// UTF-8 bytes. A document without
 // either is returned as is. It fails only for invalid JSON.
 func CleanJSON(b []byte) ([]byte, error) {
 	// Any \u escape may be a NUL or a lone surrogate (jsonb refuses both): those documents are
@@ -63,7 +44,7 @@ func CleanJSON(b []byte) ([]byte, error) {
 func cleanValue(v any) any {
 	switch x := v.(type) {
 	case string:
-		return CleanText(x, 0)
+		return clean.Text(x, 0)
 	case []any:
 		for i := range x {
 			x[i] = cleanValue(x[i])
@@ -72,14 +53,14 @@ func cleanValue(v any) any {
 	case map[string]any:
 		out := make(map[string]any, len(x))
 		for k, e := range x {
-			out[CleanText(k, 0)] = cleanValue(e)
+			out[clean.Text(k, 0)] = cleanValue(e)
 		}
 		return out
 	case json.Number:
 		// jsonb stores numbers as numeric, which refuses exponents beyond about ±16000 and
 		// very long fractions: such a number is kept as its text.
 		if len(x) > maxNumberText || hugeNumber.MatchString(string(x)) {
-			return CleanText(string(x), 0)
+			return clean.Text(string(x), 0)
 		}
 		return x
 	default:

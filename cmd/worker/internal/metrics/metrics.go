@@ -1,5 +1,5 @@
 // Package metrics exposes a pool's counters in Prometheus format for the worker binary. The
-// library itself records plain counters (pool.Metrics) and events (pool.Observer), so embedding
+// library itself records plain counters (pool.Stats) and events (pool.Observer), so embedding
 // applications are free to use any metrics backend.
 package metrics
 
@@ -62,7 +62,8 @@ func (o *Observer) JobFinished(ev pool.JobEvent) {
 // RegisterPool exposes the pool's counters and gauges, and the server's notification queue usage,
 // on reg.
 func RegisterPool(reg prometheus.Registerer, p *pool.Pool, db pool.DB) {
-	m := p.Metrics()
+	// stat reads one count from a fresh snapshot, at scrape time.
+	stat := func(f func(pool.Stats) int64) func() int64 { return func() int64 { return f(p.Stats()) } }
 	counter := func(name, help string, f func() int64) prometheus.Collector {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 { return float64(f()) })
 	}
@@ -77,29 +78,29 @@ func RegisterPool(reg prometheus.Registerer, p *pool.Pool, db pool.DB) {
 		gauge("leash_slots_busy", "Job slots running a handler.", func() float64 { return float64(p.Busy()) }),
 		gauge("leash_slots_idle", "Job slots free.", func() float64 { return concurrency - float64(p.Busy()) }),
 		labelled("leash_lease_renewals_total", "Lease renewals by outcome: succeeded, failed (statement error), lost (the row no longer held the lease), skipped (the row was locked by another transaction).", "outcome",
-			map[string]func() int64{"succeeded": m.Lease.RenewalsSucceeded.Load, "failed": m.Lease.RenewalsFailed.Load, "lost": m.Lease.RenewalsLost.Load,
-				"skipped": m.Lease.RenewalsSkipped.Load}),
+			map[string]func() int64{"succeeded": stat(func(s pool.Stats) int64 { return s.Lease.RenewalsSucceeded }), "failed": stat(func(s pool.Stats) int64 { return s.Lease.RenewalsFailed }), "lost": stat(func(s pool.Stats) int64 { return s.Lease.RenewalsLost }),
+				"skipped": stat(func(s pool.Stats) int64 { return s.Lease.RenewalsSkipped })}),
 		labelled("leash_leases_ended_total", "Leases ended before their job finished, by cause.", "cause",
-			map[string]func() int64{"revoked": m.Lease.EndedRevoked.Load, "lost": m.Lease.EndedLost.Load,
-				"renewal_timeout": m.Lease.EndedTimeout.Load, "shutdown": m.Lease.EndedShutdown.Load}),
+			map[string]func() int64{"revoked": stat(func(s pool.Stats) int64 { return s.Lease.EndedRevoked }), "lost": stat(func(s pool.Stats) int64 { return s.Lease.EndedLost }),
+				"renewal_timeout": stat(func(s pool.Stats) int64 { return s.Lease.EndedTimeout }), "shutdown": stat(func(s pool.Stats) int64 { return s.Lease.EndedShutdown })}),
 		labelled("leash_revocations_total", "Revocations that reached a running job, by the path that brought them.", "path",
-			map[string]func() int64{"notification": m.RevokedByNotification.Load, "renewal": m.Lease.RevokedByRenewal.Load,
-				"reconnect_recheck": m.Lease.RevokedByRecheck.Load}),
-		counter("leash_stale_writes_total", "Writes rejected by the lease fence (the claim no longer held the job).", m.StaleWrites.Load),
-		counter("leash_jobs_rescued_total", "Expired leases this worker took back.", m.Lease.Rescued.Load),
-		counter("leash_handler_panics_total", "Handler panics recovered.", m.Panics.Load),
-		counter("leash_jobs_timed_out_total", "Attempts cancelled by their timeout.", m.TimedOut.Load),
-		counter("leash_jobs_set_aside_total", "Queued rows a claim failed instead of running, because no claim can take them (an attempt counter at its limit).", m.SetAside.Load),
-		counter("leash_jobs_abandoned_total", "Jobs left to their lease at shutdown because the handler ignored cancellation.", m.Abandoned.Load),
-		counter("leash_listener_backends_terminated_total", "Stranded LISTEN backends of earlier listener connections terminated.", m.Notify.Terminated.Load),
-		counter("leash_jobs_pruned_total", "Finished jobs deleted by retention.", m.Pruned.Load),
-		counter("leash_scheduled_jobs_total", "Jobs this worker enqueued for schedule ticks (leash.schedules).", m.ScheduledJobs.Load),
-		counter("leash_schedule_errors_total", "Schedules refused for a spec the worker cannot use, and schedule ticks that could not be enqueued.", m.ScheduleErrors.Load),
-		gauge("leash_handlers_stalled", "Handlers still running after their lease ended (they ignore cancellation).", func() float64 { return float64(m.Stalled.Load()) }),
-		counter("leash_notifications_received_total", "Notifications received by the listener.", m.Notify.Received.Load),
-		counter("leash_notifications_malformed_total", "job_revoked payloads that did not parse.", m.Notify.Malformed.Load),
-		counter("leash_listener_reconnects_total", "Listener connections made after the first.", m.Notify.Reconnects.Load),
-		counter("leash_listener_pings_lost_total", "Listener liveness pings that did not come back in time.", m.Notify.PingsLost.Load),
+			map[string]func() int64{"notification": stat(func(s pool.Stats) int64 { return s.RevokedByNotification }), "renewal": stat(func(s pool.Stats) int64 { return s.Lease.RevokedByRenewal }),
+				"reconnect_recheck": stat(func(s pool.Stats) int64 { return s.Lease.RevokedByRecheck })}),
+		counter("leash_stale_writes_total", "Writes rejected by the lease fence (the claim no longer held the job).", stat(func(s pool.Stats) int64 { return s.StaleWrites })),
+		counter("leash_jobs_rescued_total", "Expired leases this worker took back.", stat(func(s pool.Stats) int64 { return s.Lease.Rescued })),
+		counter("leash_handler_panics_total", "Handler panics recovered.", stat(func(s pool.Stats) int64 { return s.Panics })),
+		counter("leash_jobs_timed_out_total", "Attempts cancelled by their timeout.", stat(func(s pool.Stats) int64 { return s.TimedOut })),
+		counter("leash_jobs_set_aside_total", "Queued rows a claim failed instead of running, because no claim can take them (an attempt counter at its limit).", stat(func(s pool.Stats) int64 { return s.SetAside })),
+		counter("leash_jobs_abandoned_total", "Jobs left to their lease at shutdown because the handler ignored cancellation.", stat(func(s pool.Stats) int64 { return s.Abandoned })),
+		counter("leash_listener_backends_terminated_total", "Stranded LISTEN backends of earlier listener connections terminated.", stat(func(s pool.Stats) int64 { return s.Listener.Terminated })),
+		counter("leash_jobs_pruned_total", "Finished jobs deleted by retention.", stat(func(s pool.Stats) int64 { return s.Pruned })),
+		counter("leash_scheduled_jobs_total", "Jobs this worker enqueued for schedule ticks (leash.schedules).", stat(func(s pool.Stats) int64 { return s.ScheduledJobs })),
+		counter("leash_schedule_errors_total", "Schedules refused for a spec the worker cannot use, and schedule ticks that could not be enqueued.", stat(func(s pool.Stats) int64 { return s.ScheduleErrors })),
+		gauge("leash_handlers_stalled", "Handlers still running after their lease ended (they ignore cancellation).", func() float64 { return float64(p.Stats().Stalled) }),
+		counter("leash_notifications_received_total", "Notifications received by the listener.", stat(func(s pool.Stats) int64 { return s.Listener.Received })),
+		counter("leash_notifications_malformed_total", "job_revoked payloads that did not parse.", stat(func(s pool.Stats) int64 { return s.Listener.Malformed })),
+		counter("leash_listener_reconnects_total", "Listener connections made after the first.", stat(func(s pool.Stats) int64 { return s.Listener.Reconnects })),
+		counter("leash_listener_pings_lost_total", "Listener liveness pings that did not come back in time.", stat(func(s pool.Stats) int64 { return s.Listener.PingsLost })),
 		gauge("leash_listener_connected", "1 when the LISTEN connection is up.", func() float64 {
 			if p.ListenerConnected() {
 				return 1

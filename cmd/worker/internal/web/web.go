@@ -346,7 +346,9 @@ func (s *server) revoke(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "bad form", http.StatusBadRequest)
 		return
 	}
-	reason := cleanReason(r.PostFormValue("reason"))
+	// pool.RevokeJob makes the reason storable (NUL bytes and invalid UTF-8 become U+FFFD, a long
+	// one is cut), by the rule every text leash stores follows.
+	reason := strings.TrimSpace(r.PostFormValue("reason"))
 	if reason == "" {
 		reason = "revoked from the admin page"
 	}
@@ -366,18 +368,7 @@ func (s *server) revoke(w http.ResponseWriter, r *http.Request) {
 	http.Redirect(w, r, back, http.StatusSeeOther)
 }
 
-const (
-	maxFormBytes   = 64 << 10
-	maxReasonBytes = 500
-)
-
-// cleanReason makes a form value safe to store as PostgreSQL text: invalid UTF-8 and NUL bytes
-// (which text rejects) are dropped, surrounding space trimmed, and the rest cut to
-// maxReasonBytes on a character boundary.
-func cleanReason(s string) string {
-	s = strings.ReplaceAll(strings.ToValidUTF8(s, ""), "\x00", "")
-	return strings.TrimSpace(truncate(strings.TrimSpace(s), maxReasonBytes))
-}
+const maxFormBytes = 64 << 10
 
 // truncate cuts s to at most n bytes without splitting a UTF-8 sequence.
 func truncate(s string, n int) string {

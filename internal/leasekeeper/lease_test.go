@@ -1,4 +1,4 @@
-package lease
+package leasekeeper
 
 import (
 	"context"
@@ -65,21 +65,4 @@ func TestFirstCauseWins(t *testing.T) {
 		t.Fatal("MarkFinishing did not report the first call only")
 	}
 	k.Release(l)
-}
-
-func TestConfigValidate(t *testing.T) {
-	bad := []Config{
-		{Duration: time.Second, HeartbeatInterval: 600 * time.Millisecond},
-		{Duration: 50 * time.Millisecond},
-		{Duration: time.Second, HeartbeatInterval: 400 * time.Millisecond, SafetyMargin: 700 * time.Millisecond},
-		{Duration: time.Second, HeartbeatInterval: 400 * time.Millisecond, RetryInterval: time.Second},
-	}
-	for _, c := range bad {
-		if c.WithDefaults().Validate() == nil {
-			t.Errorf("%+v accepted", c)
-		}
-	}
-	if err := (Config{}).WithDefaults().Validate(); err != nil {
-		t.Fatalf("defaults rejected: %v", err)
-	}
 }

@@ -1,16 +1,13 @@
-package lease
+package leasekeeper
 
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"math"
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/leashq/leash/internal/store"
 )
 
@@ -20,7 +17,8 @@ const (
 	HeartbeatIntervalDefault = 10 * time.Second
 )
 
-// Config sets a Keeper's timing.
+// Config sets a Keeper's timing. Package pool validates it (pool.Config.Validate), with the
+// names of its own fields.
 type Config struct {
 	// Duration of a lease on the database clock. Default DurationDefault.
 	Duration time.Duration
@@ -49,35 +47,6 @@ func (c Config) WithDefaults() Config {
 		c.SafetyMargin = c.Duration / 5
 	}
 	return c
-}
-
-// ConfigError names the Config field that broke a rule.
-type ConfigError struct {
-	Field string // a Config field name
-	Rule  string
-}
-
-// Error names the field and the rule.
-func (e *ConfigError) Error() string { return e.Field + ": " + e.Rule }
-
-// Validate reports the first rule the (filled) timing breaks, as a *ConfigError.
-func (c Config) Validate() error {
-	bad := func(field, rule string, args ...any) error {
-		return &ConfigError{Field: field, Rule: fmt.Sprintf(rule, args...)}
-	}
-	switch {
-	case c.Duration < 100*time.Millisecond:
-		return bad("Duration", "must be at least 100ms")
-	case c.HeartbeatInterval <= 0:
-		return bad("HeartbeatInterval", "must be positive")
-	case c.HeartbeatInterval*2 > c.Duration:
-		return bad("HeartbeatInterval", "%s must be at most half of the lease duration (%s), so that a renewal can be retried and still land before the lease expires", c.HeartbeatInterval, c.Duration)
-	case c.RetryInterval <= 0 || c.RetryInterval > c.HeartbeatInterval:
-		return bad("RetryInterval", "%s must be positive and at most the heartbeat interval (%s)", c.RetryInterval, c.HeartbeatInterval)
-	case c.SafetyMargin <= 0 || c.SafetyMargin >= c.Duration-c.HeartbeatInterval:
-		return bad("SafetyMargin", "%s must be positive and below the lease duration minus the heartbeat interval (%s)", c.SafetyMargin, c.Duration-c.HeartbeatInterval)
-	}
-	return nil
 }
 
 // Metrics counts lease outcomes. All fields are safe for concurrent use.
@@ -111,12 +80,8 @@ func (m *Metrics) countEnd(cause error) {
 // discard is the logger of a Keeper or Rescuer given none.
 var discard = slog.New(slog.DiscardHandler)
 
-// DB runs statements: a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.
-type DB interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
+// DB runs statements: a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx (pool.DB outside).
+type DB = store.DBTX
 
 // Keeper renews every lease of one worker in one statement per heartbeat. It keeps no registry
 // of its own: it renews what its leases function returns (the worker's running jobs), so that

@@ -1,4 +1,4 @@
-package lease
+package leasekeeper
 
 import (
 	"context"
@@ -28,12 +28,7 @@ type Rescuer struct {
 }
 
 // Rescued is a running job whose lease expired and that a rescuer took back.
-type Rescued struct {
-	ID       int64
-	OldToken int64  // the token of the claim that lost the job
-	OldOwner string // the worker that held it
-	State    string // retryable, failed or cancelled
-}
+type Rescued = store.Rescued
 
 // RunOnce takes back every expired lease it finds (in batches) and returns what it did.
 func (r *Rescuer) RunOnce(ctx context.Context) ([]Rescued, error) {
@@ -48,6 +43,7 @@ func (r *Rescuer) RunOnce(ctx context.Context) ([]Rescued, error) {
 		if err != nil {
 			return all, err
 		}
+		all = append(all, got...)
 		for _, j := range got {
 			log.WarnContext(ctx, "took back job with expired lease",
 				slog.Int64("job_id", j.ID), slog.Int64("old_lease_token", j.OldToken),
@@ -55,9 +51,6 @@ func (r *Rescuer) RunOnce(ctx context.Context) ([]Rescued, error) {
 		}
 		if r.Metrics != nil {
 			r.Metrics.Rescued.Add(int64(len(got)))
-		}
-		for _, j := range got {
-			all = append(all, Rescued(j))
 		}
 		if len(got) < batch {
 			return all, nil

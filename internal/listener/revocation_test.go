@@ -1,10 +1,12 @@
-package notify
+package listener
 
 import (
 	"errors"
 	"strings"
 	"testing"
 	"unicode/utf8"
+
+	"github.com/leashq/leash/notify"
 )
 
 func TestParseRevocation(t *testing.T) {
@@ -37,18 +39,18 @@ func TestParseRevocation(t *testing.T) {
 	}
 }
 
-// The reason comes back storable: without NUL, valid UTF-8, at most MaxReason bytes cut on a
-// character boundary.
+// The reason comes back storable: NUL and invalid UTF-8 replaced, at most notify.MaxReason bytes
+// cut on a character boundary.
 func TestParseRevocationCleansReason(t *testing.T) {
 	t.Parallel()
 	long := strings.Repeat("é", 400) // 800 bytes
 	for in, want := range map[string]string{
-		`{"id":1,"reason":"a\u0000b"}`:                               "ab",
-		"{\"id\":1,\"reason\":\"a\x00b\"}":                           "ab", // a raw NUL is not valid JSON either way
-		"{\"id\":1,\"reason\":\"a\xffb\"}":                           "a\uFFFDb",
-		`{"id":1,"reason":"a\ud800b"}`:                               "a\uFFFDb", // a lone surrogate
-		`{"id":1,"reason":"` + long + `"}`:                           strings.Repeat("é", (MaxReason-len("…"))/2) + "…",
-		`{"id":1,"reason":"` + strings.Repeat("x", MaxReason) + `"}`: strings.Repeat("x", MaxReason),
+		`{"id":1,"reason":"a\u0000b"}`:                                      "a\uFFFDb",
+		"{\"id\":1,\"reason\":\"a\x00b\"}":                                  "ab", // a raw NUL is not valid JSON either way
+		"{\"id\":1,\"reason\":\"a\xffb\"}":                                  "a\uFFFDb",
+		`{"id":1,"reason":"a\ud800b"}`:                                      "a\uFFFDb", // a lone surrogate
+		`{"id":1,"reason":"` + long + `"}`:                                  strings.Repeat("é", 116) + "… [568 more bytes cut]",
+		`{"id":1,"reason":"` + strings.Repeat("x", notify.MaxReason) + `"}`: strings.Repeat("x", notify.MaxReason),
 	} {
 		r, err := ParseRevocation(in)
 		if strings.Contains(in, "\x00") {
@@ -60,7 +62,7 @@ func TestParseRevocationCleansReason(t *testing.T) {
 		if err != nil || r.Reason != want {
 			t.Errorf("ParseRevocation(%.40q) reason %.40q, %v; want %.40q", in, r.Reason, err, want)
 		}
-		if len(r.Reason) > MaxReason {
+		if len(r.Reason) > notify.MaxReason {
 			t.Errorf("reason of %d bytes", len(r.Reason))
 		}
 	}
@@ -79,10 +81,10 @@ func FuzzParseRevocation(f *testing.F) {
 			}
 			return
 		}
-		if r.ID <= 0 || r.Token < 0 || (r.Takeover && r.Token == 0) || len(s) > MaxPayload {
+		if r.ID <= 0 || r.Token < 0 || (r.Takeover && r.Token == 0) || len(s) > notify.MaxPayload {
 			t.Fatalf("accepted invalid payload %q as %+v", s, r)
 		}
-		if !utf8.ValidString(r.Reason) || strings.IndexByte(r.Reason, 0) >= 0 || len(r.Reason) > MaxReason {
+		if !utf8.ValidString(r.Reason) || strings.IndexByte(r.Reason, 0) >= 0 || len(r.Reason) > notify.MaxReason {
 			t.Fatalf("payload %q gave a reason that cannot be stored: %q", s, r.Reason)
 		}
 	})

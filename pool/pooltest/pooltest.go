@@ -1,0 +1,61 @@
+// Package pooltest runs a handler on a real *pool.Job without starting a Pool, for an
+// application's own tests:
+//
+//	res, err := pooltest.Work(ctx, nil, EmailArgs{To: "a@example.com"}, nil, sendEmail)
+//	// res.Err is what sendEmail returned, res.State what a pool would have made of it.
+//
+// Without a database (db nil) nothing is stored: the job's lease holds while the handler runs,
+// EnsureActive returns nil, and Fence, CompleteTx and SetProgress fail. With a database (a
+// *pgxpool.Pool on a database migrated with pool.Migrate), the job is inserted and claimed, so
+// it has a row and a lease token: Fence, CompleteTx, SetProgress and SetOutput work as under a
+// Pool, the lease is renewed while the handler runs (a revocation reaches it at the next
+// renewal), and the attempt's outcome is written fenced, as a Pool writes it.
+package pooltest
+
+import (
+	"context"
+	"errors"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/leashq/leash/internal/testwork"
+	"github.com/leashq/leash/pool"
+)
+
+// Result is what one attempt came to.
+type Result struct {
+	// Job is the attempt the handler ran.
+	Job *pool.Job
+	// Err is what the handler returned; a panic is a *pool.PanicError.
+	Err error
+	// State is the job's state afterwards (pool.StateCompleted, ...): with a database, its
+	// row's; without, the state a Pool would write for this ending, "" when it would write
+	// nothing (the lease was lost).
+	State string
+}
+
+// Work runs fn on one attempt of a job of A's kind with args as its payload, decoded as
+// pool.AddWorker decodes it (strictly: a field of args that does not survive JSON fails the
+// attempt permanently). db may be nil (see the package comment). opts are the job's insert
+// options (nil: the defaults). The error is about the helper (the job could not be inserted,
+// claimed or settled); the handler's own is in Result.Err.
+func Work[A pool.JobArgs](ctx context.Context, db *pgxpool.Pool, args A, opts *pool.InsertOpts,
+	fn func(ctx context.Context, job *pool.Job, args A) error) (Result, error) {
+	if fn == nil {
+		return Result{}, errors.New("pooltest: Work needs a function")
+	}
+	return WorkHandler(ctx, db, args.Kind(), args, opts, pool.Args(fn))
+}
+
+// WorkHandler runs h on one attempt of a job of kind with payload (any value that marshals to
+// JSON, as for pool.Insert), like Work: for handlers registered by string kind.
+func WorkHandler(ctx context.Context, db *pgxpool.Pool, kind string, payload any, opts *pool.InsertOpts,
+	h pool.Handler) (Result, error) {
+	run := testwork.Work.(func(context.Context, pool.DB, string, any, *pool.InsertOpts, pool.Handler) (*pool.Job, string, error, error))
+	var d pool.DB
+	if db != nil {
+		d = db
+	}
+	j, state, herr, err := run(ctx, d, kind, payload, opts, h)
+	return Result{Job: j, Err: herr, State: state}, err
+}
