@@ -2,6 +2,7 @@ package pool
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"runtime/debug"
@@ -37,20 +38,23 @@ func (p *Pool) execute(ctx context.Context, j *Job) {
 		return
 	}
 	if out.State == store.StateCompleted && j.doneInTx.Load() {
-		// The handler's own transaction wrote the completion (CompleteTx), with its effects: there
-		// is nothing left to write. Writing it again would complete the job without them if that
-		// transaction did not take (rolled back, or undone by a failover to an asynchronous
-		// standby that never received it, where the row is still running under this token); left
-		// alone, the row's lease expires and the job runs again, as after any lost attempt.
-		p.settle(finishItem{out: out, job: j, dur: dur}, store.StateCompleted, true)
-		if p.queues.anyCapped() {
-			p.poke(p.wake) // a capped queue has room again, as after a written outcome
-		}
-		return
+		// The handler's own transaction wrote the completion (CompleteTx), with its effects. Writing
+		// it again would complete the job without them if that transaction did not take (rolled
+		// back, a savepoint with it rolled back, or undone by a failover to an asynchronous standby
+		// that never received it, where the row is still running under this token). So the worker
+		// writes a retry instead, fenced by the token like every outcome: a row the transaction
+		// completed no longer holds it and is left as it is; a row still running under it runs
+		// again at once, as after any lost attempt, rather than when its lease runs out.
+		out, _ = p.decideSafely(j, errCompletionNotCommitted)
+		out.Output = j.recordedOutput()
 	}
 	p.finishCh <- finishItem{out: out, job: j, dur: dur}
 	p.poke(p.outcomeWake)
 }
+
+// errCompletionNotCommitted is the error of an attempt whose handler returned success after
+// CompleteTx, when its transaction did not commit the completion.
+var errCompletionNotCommitted = errors.New("the handler returned success, but the completion CompleteTx wrote in its transaction did not commit")
 
 // decideSafely is decide, with anything a handler's error does to it (an Is or As method that
 // panics) turned into a retryable failure rather than a dead worker.

@@ -245,7 +245,13 @@ func rejected(err error) bool {
 // settle ends the job's supervision once its outcome is written (or known to be unwritable).
 func (p *Pool) settle(it finishItem, state string, written bool) {
 	j := it.job
-	stale := !written && !(j.doneInTx.Load() && it.out.State == store.StateCompleted)
+	// After CompleteTx, an outcome that finds the row no longer held is the expected case: the
+	// handler's transaction completed it.
+	stale := !written && !j.doneInTx.Load()
+	if !written && j.doneInTx.Load() {
+		state = store.StateCompleted
+		written = true
+	}
 	if stale {
 		p.metrics.StaleWrites.Add(1)
 		p.log.Warn("job outcome rejected: lease no longer held under this token; result dropped",

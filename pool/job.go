@@ -48,6 +48,7 @@ type Job struct {
 	err       error // what the handler returned, for AttemptObserver
 	db        DB
 	doneInTx  atomic.Bool
+	fenced    atomic.Bool // a fenced write was staged in some transaction of the handler's
 	started   time.Time
 	stallSeen time.Time
 	timer     *time.Timer // the attempt's timeout, if any
@@ -101,12 +102,18 @@ func (j *Job) EnsureActive() error { return j.lease.EnsureActive() }
 // commits after a revocation did. Write the job's own row only through SetProgressTx and
 // CompleteTx: an UPDATE of leash.jobs in tx holds the row against renewals and revocations
 // until tx ends. tx's isolation level is the application's: under REPEATABLE READ or
-// SERIALIZABLE, a row renewed after tx took its snapshot fails the fence with a serialization
-// failure (SQLSTATE 40001), never with a stale success; fence first in tx and retry on 40001.
+// SERIALIZABLE, a row renewed after tx took its snapshot fails the fence, and tx's commit, with
+// a serialization failure (SQLSTATE 40001), never with a stale success. The lease is renewed
+// every HeartbeatInterval, so such a transaction commits only if it ends before the next
+// renewal: fence first in tx, keep tx short, retry on 40001, and run long fenced transactions
+// under READ COMMITTED, where renewals go on beside them. A transaction prepared for two-phase
+// commit (PREPARE TRANSACTION) holds the row against renewals and revocations until it is
+// committed or rolled back.
 func (j *Job) Fence(ctx context.Context, tx pgx.Tx) error {
 	if err := j.lease.EnsureActive(); err != nil {
 		return fmt.Errorf("fence job %d: %w: %w", j.ID, ErrFenced, err)
 	}
+	j.fenced.Store(true) // before the statement: a revocation arriving meanwhile must see it
 	if err := j.rowError(store.Fence(ctx, tx, j.ID, j.Token)); err != nil {
 		return fmt.Errorf("fence job %d token %d: %w", j.ID, j.Token, err)
 	}
@@ -132,12 +139,16 @@ func (j *Job) rowError(err error) error {
 // and the completion commit together or not at all (exactly once for work in the same
 // database). A revocation committed before it wins: it fails wrapping ErrFenced and
 // lease.ErrRevoked, and tx should roll back; one that commits after it makes tx's commit fail.
-// The completion is written by tx's commit, so the row reads as running inside tx. If tx rolls
-// back, the job's outcome is whatever the handler returns.
+// The completion is written by tx's commit, so the row reads as running inside tx. After a
+// CompleteTx the worker never writes a completion itself: if the handler returns an error, that
+// error's outcome is written, and if it returns success, a retry is (the completion in tx did not
+// commit: tx, or a savepoint holding the CompleteTx, rolled back, or a failover undid it). Either
+// is fenced by the token, so a job tx completed stays completed.
 func (j *Job) CompleteTx(ctx context.Context, tx pgx.Tx) error {
 	if err := j.lease.EnsureActive(); err != nil {
 		return fmt.Errorf("complete job %d: %w: %w", j.ID, ErrFenced, err)
 	}
+	j.fenced.Store(true)
 	if err := j.rowError(store.CompleteTx(ctx, tx, j.ID, j.Token, j.recordedOutput())); err != nil {
 		return fmt.Errorf("complete job %d: %w", j.ID, err)
 	}
@@ -173,6 +184,7 @@ func (j *Job) SetProgressTx(ctx context.Context, tx pgx.Tx, v any) error {
 	if err := j.lease.EnsureActive(); err != nil {
 		return fmt.Errorf("set progress of job %d: %w: %w", j.ID, ErrFenced, err)
 	}
+	j.fenced.Store(true)
 	return j.rowError(store.SetProgressTx(ctx, tx, j.ID, j.Token, b))
 }
 

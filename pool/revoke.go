@@ -36,14 +36,31 @@ func (p *Pool) onRevoked(r listener.Revocation) {
 	// Durable first, whatever the lease's state: a handler that is already stopping (timed out,
 	// shut down, its outcome waiting to be written) must not outlive the revocation and put the
 	// job back in the queue.
-	p.revocations.add(store.Revocation{ID: r.ID, Token: l.Token, Attempt: int32(j.Attempt), Reason: reason, Job: r.Token == 0})
-	if !l.End(&revocation{reason: reason}) {
+	rv := store.Revocation{ID: r.ID, Token: l.Token, Attempt: int32(j.Attempt), Reason: reason, Job: r.Token == 0}
+	end := func() {
+		if !l.End(&revocation{reason: reason}) {
+			return
+		}
+		p.metrics.RevokedByNotification.Add(1)
+		p.log.Info("job revoked by notification; cancelling", slog.Int64("job_id", r.ID), slog.Int64("lease_token", l.Token),
+			slog.String("reason", reason))
+	}
+	if !j.fenced.Load() {
+		p.revocations.add(rv, nil)
+		end()
 		return
 	}
-	p.metrics.RevokedByNotification.Add(1)
-	p.log.Info("job revoked by notification; cancelling", slog.Int64("job_id", r.ID), slog.Int64("lease_token", l.Token),
-		slog.String("reason", reason))
+	// The handler has staged fenced writes: its transaction's commit checks revoked_at in the
+	// row, so the handler is cancelled once the row says so (a write of a millisecond or so),
+	// never before: cancelled first, it could commit in the gap. Should the write not land
+	// within fencedRevokeWait (the database unreachable), the handler is cancelled all the same.
+	p.revocations.add(rv, end)
+	time.AfterFunc(fencedRevokeWait, end)
 }
+
+// fencedRevokeWait bounds how long the cancellation of a handler with fenced writes waits for
+// its revocation to be written into the row.
+const fencedRevokeWait = time.Second
 
 // recorder writes revocations that arrived as notifications into their jobs' rows, in batches,
 // without ever waiting on a row lock: a job whose row another transaction holds is tried again
@@ -54,16 +71,22 @@ type recorder struct {
 
 	mu      sync.Mutex
 	pending map[int64]store.Revocation // by claim token
+	after   map[int64][]func()         // by claim token: run once its revocation is settled
 }
 
 func newRecorder(p *Pool) *recorder {
-	return &recorder{p: p, wake: make(chan struct{}, 1), pending: map[int64]store.Revocation{}}
+	return &recorder{p: p, wake: make(chan struct{}, 1), pending: map[int64]store.Revocation{}, after: map[int64][]func(){}}
 }
 
-func (r *recorder) add(rv store.Revocation) {
+// add records rv; then, if not nil, runs once rv is written into the row or found no longer
+// revocable there.
+func (r *recorder) add(rv store.Revocation, then func()) {
 	r.mu.Lock()
 	if old, dup := r.pending[rv.Token]; !dup || (rv.Job && !old.Job) {
 		r.pending[rv.Token] = rv
+	}
+	if then != nil {
+		r.after[rv.Token] = append(r.after[rv.Token], then)
 	}
 	r.mu.Unlock()
 	r.p.poke(r.wake)
@@ -127,12 +150,18 @@ func (r *recorder) flush(ctx context.Context) bool {
 	for _, id := range locked {
 		still[id] = true
 	}
+	var then []func()
 	r.mu.Lock()
 	for _, rv := range rs {
 		if !still[rv.ID] {
 			delete(r.pending, rv.Token)
+			then = append(then, r.after[rv.Token]...)
+			delete(r.after, rv.Token)
 		}
 	}
 	r.mu.Unlock()
+	for _, f := range then {
+		f()
+	}
 	return len(locked) == 0
 }

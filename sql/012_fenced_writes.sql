@@ -69,6 +69,13 @@ DECLARE
     tok bigint;
     rev timestamptz;
 BEGIN
+    -- PostgreSQL stops the statement timer before a commit runs its deferred triggers: the lock
+    -- waits below are bounded by lock_timeout alone. A transaction that set neither waits at most
+    -- a minute (an operator's open UPDATE of the row), one that set statement_timeout that long.
+    IF current_setting('lock_timeout') = '0' THEN
+        PERFORM set_config('lock_timeout',
+            CASE WHEN current_setting('statement_timeout') <> '0' THEN current_setting('statement_timeout') ELSE '1min' END, true);
+    END IF;
     SELECT count(*), coalesce(bool_or(f.complete), false),
            (array_agg(f.progress ORDER BY f.seq DESC) FILTER (WHERE f.progress IS NOT NULL))[1],
            (array_agg(f.output ORDER BY f.seq DESC) FILTER (WHERE f.complete))[1]

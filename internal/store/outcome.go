@@ -222,8 +222,9 @@ var ErrRevokedRow = errors.New("job revoked")
 // its settings: their SQL names every function and operator with its schema, so that no
 // search_path can change what they compare. The caller's isolation level matters: under
 // REPEATABLE READ or SERIALIZABLE, a row renewed (or revoked) after the transaction's snapshot
-// was taken fails the lock with a serialization failure (SQLSTATE 40001), never with a stale
-// success; fence first in the transaction to keep that window short, and retry on 40001.
+// was taken fails the lock, and the commit's check, with a serialization failure (SQLSTATE
+// 40001), never with a stale success: such a transaction commits only if no renewal came
+// between its snapshot and its commit.
 func Fence(ctx context.Context, tx DBTX, id, token int64) error {
 	return stageFenced(ctx, tx, "fence", id, token, `INSERT INTO leash.fenced_writes (job_id, token) SELECT $1, $2 FROM cur WHERE NOT cur.revoked`)
 }
