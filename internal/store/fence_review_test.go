@@ -23,8 +23,6 @@ func renewOnce(t *testing.T, db *pgxpool.Pool, j store.ClaimedJob) {
 	}
 }
 
-
-
 // Savepoints: a check staged and applied at once (SET CONSTRAINTS ALL IMMEDIATE) inside a
 // savepoint that is rolled back is staged again: the commit after a revocation still fails.
 // And a completion staged in a rolled-back savepoint is not applied, while the outer fence
@@ -108,7 +106,6 @@ func TestStatementTimeoutAtFencedCommit(t *testing.T) {
 		})
 	}
 }
-
 
 // A fenced transaction whose lease expired (its worker stopped renewing: SIGSTOP, partition of
 // the renewal path) still blocks every takeover, and its commit still succeeds, long after the
