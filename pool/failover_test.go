@@ -94,8 +94,8 @@ func TestReadyNamesCommitsWaitingForASynchronousStandby(t *testing.T) {
 	})
 }
 
-// A connection released on a server that a failover manager fenced read-only (ALTER SYSTEM SET
-// default_transaction_read_only and a reload) is closed, not reused.
+// A connection on a server that a failover manager fenced read-only (ALTER SYSTEM SET
+// default_transaction_read_only and a reload) is closed, not handed out again.
 func TestDropReadOnlyClosesFencedConnections(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -135,7 +135,13 @@ func TestDropReadOnlyClosesFencedConnections(t *testing.T) {
 		c.QueryRow(ctx, `SHOW transaction_read_only`).Scan(&ro)
 		return ro == "on"
 	})
-	// Release hands the connection to AfterRelease on a goroutine of its own.
+	// The next acquire destroys it, and refuses a new connection to the same server.
+	actx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if c, err := fenced.Acquire(actx); err == nil {
+		c.Release()
+		t.Fatal("a connection to a server fenced read-only was handed out")
+	}
 	eventually(t, 10*time.Second, "the fenced connection closed", func() bool {
 		var alive int
 		db.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&alive)
