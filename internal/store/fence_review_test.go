@@ -6,22 +6,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/leashq/leash/internal/pgtest"
 	"github.com/leashq/leash/internal/store"
 )
-
-// renewOnce renews j's lease beside whatever holds it and fails unless it was renewed.
-func renewOnce(t *testing.T, db *pgxpool.Pool, j store.ClaimedJob) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	renewed, err := store.Renew(ctx, db, store.RenewParams{IDs: []int64{j.ID}, Tokens: []int64{j.Token}, Lease: time.Minute})
-	if err != nil || len(renewed) != 1 {
-		t.Fatalf("renewal beside the fenced transaction: %v %v", renewed, err)
-	}
-}
 
 // Savepoints: a check staged and applied at once (SET CONSTRAINTS ALL IMMEDIATE) inside a
 // savepoint that is rolled back is staged again: the commit after a revocation still fails.

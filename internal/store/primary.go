@@ -81,13 +81,9 @@ func Writable(conn *pgconn.PgConn) bool {
 // when the connection is acquired, from what the server last reported (no round trip), and the
 // statement is then run on another connection. It is not an AfterRelease hook: pgxpool runs
 // those in a goroutine of their own at every release, which cost the claim loop half its
-// throughput. cfg's own PrepareConn (or BeforeAcquire) runs first.
+// throughput. cfg's own PrepareConn runs first.
 func DropReadOnly(cfg *pgxpool.Config) {
 	prev := cfg.PrepareConn
-	if prev == nil && cfg.BeforeAcquire != nil {
-		before := cfg.BeforeAcquire
-		prev = func(ctx context.Context, c *pgx.Conn) (bool, error) { return before(ctx, c), nil }
-	}
 	if cfg.ConnConfig.ValidateConnect == nil {
 		// A new connection is refused on such a server too (from what it reported at startup),
 		// so that the retry on another connection cannot loop on it.
