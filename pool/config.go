@@ -98,7 +98,7 @@ type Config struct {
 	RetentionInterval time.Duration
 	// Schedules are stored in leash.schedules when Run starts (added, or updated by name; a
 	// schedule not listed here is left alone, so schedules can also be managed with
-	// UpsertSchedule or `worker schedule`). Run checks them first: a bad spec fails New.
+	// UpsertSchedule or `worker schedule`). New checks them: a bad spec fails it.
 	Schedules []Schedule
 	// ScheduleInterval is the longest this worker goes without checking for due schedules (it
 	// also wakes when the earliest one is due). Default 1s; negative: this worker never
@@ -123,7 +123,8 @@ type Config struct {
 }
 
 // EngineConfig holds knobs of the claim loop and the finisher that exist to measure alternatives
-// (docs/performance and the bench module compare them), not settings an operator needs. Every
+// (the README's Performance section and the bench module compare them), not settings an
+// operator needs. Every
 // field's zero value is its default.
 type EngineConfig struct {
 	// IdlePollInterval is how often a worker that just ran out of work claims again, until it

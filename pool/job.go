@@ -157,7 +157,7 @@ func (j *Job) CompleteTx(ctx context.Context, tx pgx.Tx) error {
 }
 
 // SetProgress stores v (marshalled to JSON) as the job's checkpoint, fenced by its token; a
-// retry can read it back with Progress. `worker status` shows it. It writes through its own
+// retry can read it back with GetJob (JobRow.Progress). `worker status` shows it. It writes through its own
 // connection and commits at once, beside a fenced transaction too; while another transaction
 // writes the row it fails with ErrRowBusy after a short wait.
 func (j *Job) SetProgress(ctx context.Context, v any) error {
