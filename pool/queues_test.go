@@ -234,28 +234,15 @@ func TestQueueCapHeldAcrossPools(t *testing.T) {
 // returns a new pool whose connections start with it.
 func withDatabaseSetting(t *testing.T, db *pgxpool.Pool, name, value string) *pgxpool.Pool {
 	t.Helper()
-	ctx := context.Background()
-	var dbname string
-	if err := db.QueryRow(ctx, `SELECT current_database()`).Scan(&dbname); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := db.Exec(ctx, fmt.Sprintf(`ALTER DATABASE %s SET %s = %s`,
-		pgx.Identifier{dbname}.Sanitize(), pgx.Identifier{name}.Sanitize(), quoteLiteral(value))); err != nil {
-		t.Fatal(err)
-	}
-	np, err := pgxpool.New(ctx, db.Config().ConnString())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(np.Close)
+	url := db.Config().ConnString()
+	pgtest.Exec(t, url, fmt.Sprintf(`ALTER DATABASE %s SET %s = '%s'`, dbIdent(t, url), pgx.Identifier{name}.Sanitize(), value))
+	np := pgtest.PoolFor(t, url)
 	var got string
-	if err := np.QueryRow(ctx, `SELECT current_setting($1)`, name).Scan(&got); err != nil || got != value {
+	if err := np.QueryRow(context.Background(), `SELECT current_setting($1)`, name).Scan(&got); err != nil || got != value {
 		t.Fatalf("%s on a new connection = %q, %v; want %q", name, got, err, value)
 	}
 	return np
 }
-
-func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
 func queueCapHeldAcrossPools(t *testing.T, db *pgxpool.Pool) {
 	t.Helper()
