@@ -220,7 +220,7 @@ type ExecOutput struct {
 // https_proxy, ALL_PROXY, NO_PROXY...), which send the command's traffic elsewhere; and
 // variables that change which certificates are trusted or where TLS secrets go (SSL_CERT_FILE,
 // SSLKEYLOGFILE...). Names are compared ignoring case, since some programs read them so. The
-// full list is envDeniedPrefixes and envDeniedNames.
+// full list is in this package's source, beside this function.
 func EnvDenied(name string) string {
 	if !validEnvName(name) {
 		return "not a valid variable name ([A-Za-z_][A-Za-z0-9_]*)"

@@ -704,28 +704,25 @@ func (p *Pool) takeOutcomes() []finishItem {
 
 func (p *Pool) start(cj *store.ClaimedJob, sentAt time.Time) {
 	ctx, l := p.keeper.Hold(p.jobsCtx, cj.ID, cj.Token, sentAt)
-	j := &Job{ID: cj.ID, Queue: cj.Queue, Kind: cj.Kind, Payload: cj.Payload, Priority: cj.Priority,
-		Attempt: int(cj.Attempt), MaxAttempts: int(cj.MaxAttempts), Token: cj.Token, CreatedAt: cj.CreatedAt,
-		RunAt: cj.RunAt, AttemptedAt: cj.AttemptedAt, lease: l, db: p.db, started: time.Now(),
-		TraceContext: decodeTraceContext(cj.TraceContext)}
+	j := newJob(*cj, l, p.db)
 	if d := cmp.Or(cj.Timeout, p.cfg.Timeouts[cj.Kind]); d > 0 {
 		// Ends the lease: the handler's context is cancelled with the timeout, and the lease is
 		// no longer renewed, so a handler that ignores it is settled by a rescuer.
 		j.timer = time.AfterFunc(d, func() {
 			if l.End(&timeoutError{d}) {
 				p.metrics.TimedOut.Add(1)
-				p.log.Warn("job timed out; cancelling", slog.Int64("job_id", j.ID), slog.String("kind", j.Kind),
+				p.log.Warn("job timed out; cancelling", slog.Int64("job_id", j.claim.ID), slog.String("kind", j.claim.Kind),
 					slog.Duration("timeout", d))
 			}
 		})
 	}
 	p.runningMu.Lock()
-	p.running[j.Token] = j
+	p.running[j.claim.Token] = j
 	p.runningMu.Unlock()
 	p.active.Add(1)
 	p.outcomes.Add(1)
-	if p.startObs != nil {
-		p.startObs.JobStarted(JobEvent{Queue: j.Queue, Kind: j.Kind, State: store.StateRunning, Pickup: j.pickup()})
+	if p.events.wantsStarts() {
+		p.events.emit(true, JobEvent{Queue: j.claim.Queue, Kind: j.claim.Kind, State: store.StateRunning, Pickup: j.pickup()})
 	}
 	p.group.Go(func() error {
 		defer func() {
@@ -743,8 +740,8 @@ func (p *Pool) forget(j *Job) {
 		j.timer.Stop()
 	}
 	p.runningMu.Lock()
-	if p.running[j.Token] == j {
-		delete(p.running, j.Token)
+	if p.running[j.claim.Token] == j {
+		delete(p.running, j.claim.Token)
 	}
 	p.runningMu.Unlock()
 	p.keeper.Release(j.lease)

@@ -24,15 +24,15 @@ func (p *Pool) execute(ctx context.Context, j *Job) {
 	if !j.lease.MarkFinishing() {
 		// Abandoned at shutdown while this handler ignored its context; a rescuer settles it.
 		p.log.Warn("handler returned after its job was abandoned at shutdown; result dropped",
-			slog.Int64("job_id", j.ID), slog.Any("err", err))
+			slog.Int64("job_id", j.claim.ID), slog.Any("err", err))
 		return
 	}
 	defer p.outcomes.Done()
 	out, write := p.decideSafely(j, err)
 	out.Output = j.recordedOutput()
 	if !write {
-		p.log.Info("handler stopped after losing its lease", slog.Int64("job_id", j.ID),
-			slog.Int64("lease_token", j.Token), slog.Any("err", err))
+		p.log.Info("handler stopped after losing its lease", slog.Int64("job_id", j.claim.ID),
+			slog.Int64("lease_token", j.claim.Token), slog.Any("err", err))
 		p.observe(j, "", dur, false)
 		p.forget(j)
 		return
@@ -61,18 +61,18 @@ var errCompletionNotCommitted = errors.New("the handler returned success, but th
 func (p *Pool) decideSafely(j *Job, err error) (out store.Outcome, write bool) {
 	defer func() {
 		if r := recover(); r != nil {
-			p.log.Error("deciding a job's outcome panicked; retrying the job", slog.Int64("job_id", j.ID),
+			p.log.Error("deciding a job's outcome panicked; retrying the job", slog.Int64("job_id", j.claim.ID),
 				slog.String("panic", clean.Text(describe(r), 1024)))
-			out, write = store.Outcome{ID: j.ID, Token: j.Token, State: store.StateRetryable,
-				RunIn: p.cfg.RetryBackoff(j.Attempt), Error: &store.AttemptError{Attempt: int32(j.Attempt),
+			out, write = store.Outcome{ID: j.claim.ID, Token: j.claim.Token, State: store.StateRetryable,
+				RunIn: p.cfg.RetryBackoff(int(j.claim.Attempt)), Error: &store.AttemptError{Attempt: int32(int(j.claim.Attempt)),
 					Error: "the handler's error could not be examined: " + describe(r), Worker: p.cfg.ID}}, true
-			if j.Attempt >= j.MaxAttempts {
+			if int(j.claim.Attempt) >= int(j.claim.MaxAttempts) {
 				out.State, out.RunIn = store.StateFailed, 0
 			}
 		}
 	}()
-	return decide(j.ID, j.Token, p.cfg.ID, ending{err: err, cause: j.lease.Cause(), attempt: j.Attempt,
-		maxAttempts: j.MaxAttempts, backoff: p.cfg.RetryBackoff})
+	return decide(j.claim.ID, j.claim.Token, p.cfg.ID, ending{err: err, cause: j.lease.Cause(), attempt: int(j.claim.Attempt),
+		maxAttempts: int(j.claim.MaxAttempts), backoff: p.cfg.RetryBackoff})
 }
 
 func (p *Pool) call(ctx context.Context, j *Job) (err error) {
@@ -80,27 +80,24 @@ func (p *Pool) call(ctx context.Context, j *Job) (err error) {
 		if r := recover(); r != nil {
 			p.metrics.Panics.Add(1)
 			err = &PanicError{Value: r, Stack: string(debug.Stack())}
-			p.log.Error("handler panicked", slog.Int64("job_id", j.ID), slog.String("kind", j.Kind),
+			p.log.Error("handler panicked", slog.Int64("job_id", j.claim.ID), slog.String("kind", j.claim.Kind),
 				slog.String("panic", clean.Text(describe(r), 1024)))
 		}
 	}()
 	p.handlersMu.RLock()
-	h, ok := p.handlers[j.Kind]
+	h, ok := p.handlers[j.claim.Kind]
 	p.handlersMu.RUnlock()
 	if !ok {
-		return Permanent(fmt.Errorf("no handler registered for kind %q on worker %s", j.Kind, p.cfg.ID))
+		return fmt.Errorf("%w: kind %q on worker %s", ErrUnknownKind, j.claim.Kind, p.cfg.ID)
 	}
 	return h.Handle(ctx, j)
 }
 
 func (p *Pool) observe(j *Job, state string, dur time.Duration, stale bool) {
-	ev := JobEvent{Queue: j.Queue, Kind: j.Kind, State: state, Duration: dur,
+	ev := JobEvent{Queue: j.claim.Queue, Kind: j.claim.Kind, State: state, Duration: dur,
 		Pickup: j.pickup(), Stale: stale, Err: j.err, Cause: j.lease.Cause()}
 	p.endAttempt(j, ev)
-	if p.cfg.Observer == nil {
-		return
-	}
-	p.cfg.Observer.JobFinished(ev)
+	p.events.emit(false, ev)
 }
 
 // drain waits for running handlers until grace is done, then cancels them with ErrShutdown;
@@ -108,12 +105,15 @@ func (p *Pool) observe(j *Job, state string, dur time.Duration, stale bool) {
 // lease is no longer renewed and a rescuer takes the job back once it expires (the attempt
 // counted, since it may still be doing the job's work). Handing it back at once would let
 // another worker run it beside the one that never stopped.
-func (p *Pool) drain(grace context.Context) {
+//
+// It returns how many running handlers the grace period's end cancelled, and how many of them
+// were abandoned.
+func (p *Pool) drain(grace context.Context) (cancelled, abandoned int) {
 	all := make(chan struct{})
 	go func() { p.group.Wait(); close(all) }()
 	select {
 	case <-all:
-		return
+		return 0, 0
 	case <-grace.Done():
 	}
 	p.runningMu.Lock()
@@ -126,26 +126,28 @@ func (p *Pool) drain(grace context.Context) {
 		p.log.Warn("shutdown grace period over; cancelling running jobs", slog.Int("jobs", len(jobs)))
 	}
 	for _, j := range jobs {
-		if !j.lease.Finishing() {
-			j.lease.End(lease.ErrShutdown)
+		if !j.lease.Finishing() && j.lease.End(lease.ErrShutdown) {
+			cancelled++
 		}
 	}
 	select {
 	case <-all:
-		return
+		return cancelled, 0
 	case <-time.After(p.cfg.ShutdownStallWait):
 	}
 	for _, j := range jobs {
 		if !j.lease.MarkFinishing() {
 			continue // it returned and queues its own outcome
 		}
+		abandoned++
 		p.metrics.Abandoned.Add(1)
 		p.log.Warn("handler ignores cancellation; abandoning its job to its lease, which a rescuer takes back when it expires",
-			slog.Int64("job_id", j.ID), slog.String("kind", j.Kind), slog.Int64("lease_token", j.Token))
+			slog.Int64("job_id", j.claim.ID), slog.String("kind", j.claim.Kind), slog.Int64("lease_token", j.claim.Token))
 		p.abandonAttempt(j)
 		p.forget(j)
 		p.outcomes.Done()
 	}
+	return cancelled, abandoned
 }
 
 // watchStalls logs, once per StallInterval, handlers that keep running after their lease ended:
@@ -173,7 +175,7 @@ func (p *Pool) watchStalls(ctx context.Context) {
 			}
 			n++
 			p.log.Warn("handler still running after its lease ended; it holds a slot but cannot write",
-				slog.Int64("job_id", j.ID), slog.String("kind", j.Kind), slog.Any("cause", cause),
+				slog.Int64("job_id", j.claim.ID), slog.String("kind", j.claim.Kind), slog.Any("cause", cause),
 				slog.Duration("since", now.Sub(j.stallSeen)))
 		}
 		p.runningMu.Unlock()

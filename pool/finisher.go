@@ -152,7 +152,7 @@ func (p *Pool) deferredCount() int {
 // the job back once it expires.
 func (p *Pool) giveUp(it finishItem, why string) {
 	p.log.Error("giving up writing a job outcome; a rescuer takes the job back when its lease expires",
-		slog.Int64("job_id", it.job.ID), slog.Int64("lease_token", it.job.Token), slog.String("outcome", it.out.State),
+		slog.Int64("job_id", it.job.claim.ID), slog.Int64("lease_token", it.job.claim.Token), slog.String("outcome", it.out.State),
 		slog.String("why", why))
 	p.observe(it.job, "", it.dur, false)
 	p.forget(it.job)
@@ -190,7 +190,7 @@ func (p *Pool) write(items []finishItem, written map[int64]string) {
 			}
 			it := items[0]
 			p.log.Error("database rejected a job outcome; writing it without its details",
-				slog.Int64("job_id", it.job.ID), slog.String("outcome", it.out.State), slog.Any("err", err))
+				slog.Int64("job_id", it.job.claim.ID), slog.String("outcome", it.out.State), slog.Any("err", err))
 			if bare, ok := withoutDetails(it, err); ok {
 				p.write([]finishItem{bare}, written)
 			}
@@ -255,7 +255,7 @@ func (p *Pool) settle(it finishItem, state string, written bool) {
 	if stale {
 		p.metrics.StaleWrites.Add(1)
 		p.log.Warn("job outcome rejected: lease no longer held under this token; result dropped",
-			slog.Int64("job_id", j.ID), slog.Int64("lease_token", j.Token), slog.String("outcome", it.out.State),
+			slog.Int64("job_id", j.claim.ID), slog.Int64("lease_token", j.claim.Token), slog.String("outcome", it.out.State),
 			slog.Any("lease_cause", j.lease.Cause()))
 	} else {
 		if !written {

@@ -30,7 +30,7 @@ func TestWriteSplitsRejectedBatch(t *testing.T) {
 	}
 	items := make([]finishItem, len(jobs))
 	for i, j := range jobs {
-		items[i] = finishItem{out: store.Outcome{ID: j.ID, Token: j.Token, State: store.StateCompleted}, job: &Job{ID: j.ID}}
+		items[i] = finishItem{out: store.Outcome{ID: j.ID, Token: j.Token, State: store.StateCompleted}, job: &Job{ID: j.ID, claim: store.ClaimedJob{ID: j.ID, Token: j.Token}}}
 	}
 	bad := jobs[6].ID
 	items[6].out.State = "exploded" // violates jobs_state_check whatever its text

@@ -22,16 +22,22 @@ type HandlerFunc func(ctx context.Context, job *Job) error
 // Handle calls f(ctx, job).
 func (f HandlerFunc) Handle(ctx context.Context, job *Job) error { return f(ctx, job) }
 
-// Args adapts a function taking typed arguments to Handler. The payload is decoded strictly into
-// a T (unknown fields are errors); a payload that does not decode fails the job permanently
-// with an error naming the kind and the field.
+// Args adapts a function taking typed arguments to Handler. The payload is decoded into a T as
+// encoding/json does: fields T does not have are ignored, so that a producer of a newer version
+// may add a field before every worker knows it (a rolling deploy), and fields the payload lacks
+// keep their zero value. A payload that is not one JSON value, or whose field has the wrong type,
+// fails the job permanently with an error naming the kind and the field (retry_job puts it back
+// once a fixed worker runs).
 func Args[T any](fn func(ctx context.Context, job *Job, args T) error) Handler {
 	return HandlerFunc(func(ctx context.Context, job *Job) error {
 		var args T
 		dec := json.NewDecoder(bytes.NewReader(job.Payload))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&args); err != nil {
-			return Permanent(fmt.Errorf("decode %s payload: %w", job.Kind, describeDecodeError(err)))
+		err := dec.Decode(&args)
+		if err == nil && dec.More() {
+			err = errors.New("more than one JSON value")
+		}
+		if err != nil {
+			return Permanent(fmt.Errorf("decode %s payload: %w", job.claim.Kind, describeDecodeError(err)))
 		}
 		return fn(ctx, job, args)
 	})
@@ -100,8 +106,12 @@ type PanicError struct {
 // Error describes the panic; the stack is in Stack.
 func (e *PanicError) Error() string { return "handler panic: " + describe(e.Value) }
 
-// Observer is told about each job as it finishes. Calls come from many goroutines and must be
-// fast.
+// Observer is told about each job as it finishes. Calls come from one goroutine of the pool's,
+// in the order the events happened, after the outcome they report is written; a slow Observer
+// delays only the events behind it (up to 65,536 are queued, then new ones are dropped and
+// counted in Stats.EventsDropped), never claims, handlers or outcomes. Run delivers the last
+// events before it returns, waiting at most Config.ShutdownTimeout for the Observer. A panic in
+// the Observer is logged and the event skipped.
 type Observer interface {
 	JobFinished(ev JobEvent)
 }

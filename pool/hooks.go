@@ -92,7 +92,7 @@ func (p *Pool) startHooks(ctx context.Context, j *Job) context.Context {
 	if len(st.observers) == 0 {
 		return ctx
 	}
-	p.attempts.Store(j.Token, st)
+	p.attempts.Store(j.claim.Token, st)
 	// The lease may have ended before the attempt was registered (a timeout, a revocation or
 	// shutdown that came first); leaseEnded may also have seen it: st reports it once.
 	if cause := j.lease.Cause(); cause != nil {
@@ -106,7 +106,7 @@ func (p *Pool) startHooks(ctx context.Context, j *Job) context.Context {
 func (p *Pool) startHook(ctx context.Context, h AttemptHook, j *Job) (out context.Context, obs AttemptObserver) {
 	defer func() {
 		if r := recover(); r != nil {
-			p.log.Error("attempt hook panicked; running the job without it", slog.Int64("job_id", j.ID),
+			p.log.Error("attempt hook panicked; running the job without it", slog.Int64("job_id", j.claim.ID),
 				slog.String("panic", clean.Text(describe(r), 1024)))
 			out, obs = ctx, nil
 		}
@@ -131,7 +131,7 @@ func (p *Pool) endAttempt(j *Job, ev JobEvent) {
 	if len(p.cfg.Hooks) == 0 {
 		return
 	}
-	v, ok := p.attempts.LoadAndDelete(j.Token)
+	v, ok := p.attempts.LoadAndDelete(j.claim.Token)
 	if !ok {
 		return
 	}
@@ -140,7 +140,7 @@ func (p *Pool) endAttempt(j *Job, ev JobEvent) {
 
 // abandonAttempt settles the observers of an attempt whose handler the pool stops without.
 func (p *Pool) abandonAttempt(j *Job) {
-	p.endAttempt(j, JobEvent{Queue: j.Queue, Kind: j.Kind, Duration: time.Since(j.started), Pickup: j.pickup(),
+	p.endAttempt(j, JobEvent{Queue: j.claim.Queue, Kind: j.claim.Kind, Duration: time.Since(j.started), Pickup: j.pickup(),
 		Cause: j.lease.Cause(), Abandoned: true})
 }
 
@@ -181,7 +181,7 @@ func (st *attemptState) safely(j *Job, f func()) {
 		if r := recover(); r != nil {
 			attrs := []any{slog.String("panic", clean.Text(describe(r), 1024))}
 			if j != nil {
-				attrs = append(attrs, slog.Int64("job_id", j.ID))
+				attrs = append(attrs, slog.Int64("job_id", j.claim.ID))
 			}
 			st.log.Error("attempt observer panicked", attrs...)
 		}

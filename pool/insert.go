@@ -204,7 +204,7 @@ type InsertManyParams struct {
 
 // CopyDB is what InsertMany needs: a *pgxpool.Pool, *pgx.Conn or pgx.Tx.
 type CopyDB interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
+	Beginner
 	CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error)
 }
 
@@ -220,7 +220,11 @@ func InsertMany(ctx context.Context, db CopyDB, jobs []InsertManyParams) (int64,
 	ps := make([]store.InsertParams, len(jobs))
 	for i, j := range jobs {
 		if a, ok := j.Payload.(JobArgs); ok && j.Kind == "" {
-			j.Kind = a.Kind()
+			kind, err := argsKind(a)
+			if err != nil {
+				return 0, fmt.Errorf("job %d: %w", i, err)
+			}
+			j.Kind = kind
 		}
 		p, err := params(j.Kind, j.Payload, j.Opts)
 		if err != nil {
@@ -232,10 +236,16 @@ func InsertMany(ctx context.Context, db CopyDB, jobs []InsertManyParams) (int64,
 	return n, matchAlso(err, store.ErrHolderNotVisible, ErrDuplicateNotVisible)
 }
 
-// Migrate applies leash's pending schema migrations under an advisory lock and returns the
-// versions it applied. Safe to run at every start, from many processes at once.
-func Migrate(ctx context.Context, db interface {
+// Beginner starts transactions: a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx (which begins a
+// savepoint).
+type Beginner interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
-}) ([]int, error) {
-	return store.Migrate(ctx, db)
+}
+
+// Migrate applies leash's pending schema migrations under an advisory lock and returns the
+// migrations it applied, in order, also when it fails part-way (those before the failure are
+// committed). Safe to run at every start, from many processes at once. It is MigrateWith with
+// no options.
+func Migrate(ctx context.Context, db Beginner) ([]Migration, error) {
+	return MigrateWith(ctx, db, MigrateOptions{})
 }

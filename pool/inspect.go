@@ -149,9 +149,7 @@ type JobSummary struct {
 
 // ListJobs lists the jobs matching p, newest (highest id) first. It runs in a transaction of its
 // own (or a savepoint of db's, when db is a pgx.Tx) so that p.Timeout binds only its query.
-func ListJobs(ctx context.Context, db interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
-}, p ListJobsParams) ([]JobSummary, error) {
+func ListJobs(ctx context.Context, db Beginner, p ListJobsParams) ([]JobSummary, error) {
 	limit, err := listLimit("ListJobsParams.Limit", p.Limit)
 	if err != nil {
 		return nil, err

@@ -24,7 +24,10 @@ var ErrFenced = errors.New("lease token no longer holds")
 // itself; Fence, SetProgressTx and CompleteTx do not hold it so).
 var ErrRowBusy = errors.New("job row locked by another transaction")
 
-// Job is one claimed attempt of a job, handed to its Handler.
+// Job is one claimed attempt of a job, handed to its Handler. Its fields are the handler's copy
+// of the claimed row: leash fences, settles, logs and reports the attempt from its own record of
+// the claim, so a handler that changes a field (ID, Token, Attempt, Kind...) changes only what it
+// reads itself.
 type Job struct {
 	ID          int64
 	Queue       string
@@ -44,6 +47,9 @@ type Job struct {
 	// or the column held something else than an object of strings.
 	TraceContext map[string]string
 
+	// claim is the claimed row as read, which leash's own writes, events and logs use: the
+	// exported fields above are the handler's copy, and changing them changes nothing leash does.
+	claim     store.ClaimedJob
 	lease     *leasekeeper.Lease
 	err       error // what the handler returned, for AttemptObserver
 	db        DB
@@ -53,6 +59,14 @@ type Job struct {
 	stallSeen time.Time
 	timer     *time.Timer // the attempt's timeout, if any
 	output    atomic.Pointer[[]byte]
+}
+
+// newJob is the attempt of the claimed row cj, held by l.
+func newJob(cj store.ClaimedJob, l *leasekeeper.Lease, db DB) *Job {
+	return &Job{ID: cj.ID, Queue: cj.Queue, Kind: cj.Kind, Payload: cj.Payload, Priority: cj.Priority,
+		Attempt: int(cj.Attempt), MaxAttempts: int(cj.MaxAttempts), Token: cj.Token, CreatedAt: cj.CreatedAt,
+		RunAt: cj.RunAt, AttemptedAt: cj.AttemptedAt, TraceContext: decodeTraceContext(cj.TraceContext),
+		claim: cj, lease: l, db: db, started: time.Now()}
 }
 
 // MaxOutputBytes bounds the JSON a handler may record with SetOutput.
@@ -66,13 +80,13 @@ const MaxOutputBytes = 64 << 10
 func (j *Job) SetOutput(v any) error {
 	b, err := json.Marshal(v)
 	if err != nil {
-		return fmt.Errorf("set output of job %d: %w", j.ID, err)
+		return fmt.Errorf("set output of job %d: %w", j.claim.ID, err)
 	}
 	if len(b) > MaxOutputBytes {
-		return fmt.Errorf("set output of job %d: %d bytes of JSON, more than the %d allowed", j.ID, len(b), MaxOutputBytes)
+		return fmt.Errorf("set output of job %d: %d bytes of JSON, more than the %d allowed", j.claim.ID, len(b), MaxOutputBytes)
 	}
 	if b, err = store.CleanJSON(b); err != nil {
-		return fmt.Errorf("set output of job %d: %w", j.ID, err)
+		return fmt.Errorf("set output of job %d: %w", j.claim.ID, err)
 	}
 	j.output.Store(&b)
 	return nil
@@ -111,11 +125,11 @@ func (j *Job) EnsureActive() error { return j.lease.EnsureActive() }
 // committed or rolled back.
 func (j *Job) Fence(ctx context.Context, tx pgx.Tx) error {
 	if err := j.lease.EnsureActive(); err != nil {
-		return fmt.Errorf("fence job %d: %w: %w", j.ID, ErrFenced, err)
+		return fmt.Errorf("fence job %d: %w: %w", j.claim.ID, ErrFenced, err)
 	}
 	j.fenced.Store(true) // before the statement: a revocation arriving meanwhile must see it
-	if err := j.rowError(store.Fence(ctx, tx, j.ID, j.Token)); err != nil {
-		return fmt.Errorf("fence job %d token %d: %w", j.ID, j.Token, err)
+	if err := j.rowError(store.Fence(ctx, tx, j.claim.ID, j.claim.Token)); err != nil {
+		return fmt.Errorf("fence job %d token %d: %w", j.claim.ID, j.claim.Token, err)
 	}
 	return nil
 }
@@ -130,7 +144,7 @@ func (j *Job) rowError(err error) error {
 	case errors.Is(err, store.ErrFenced):
 		return ErrFenced
 	case errors.Is(err, store.ErrRowBusy):
-		return fmt.Errorf("job %d: %w", j.ID, ErrRowBusy)
+		return fmt.Errorf("job %d: %w", j.claim.ID, ErrRowBusy)
 	}
 	return err
 }
@@ -146,11 +160,11 @@ func (j *Job) rowError(err error) error {
 // is fenced by the token, so a job tx completed stays completed.
 func (j *Job) CompleteTx(ctx context.Context, tx pgx.Tx) error {
 	if err := j.lease.EnsureActive(); err != nil {
-		return fmt.Errorf("complete job %d: %w: %w", j.ID, ErrFenced, err)
+		return fmt.Errorf("complete job %d: %w: %w", j.claim.ID, ErrFenced, err)
 	}
 	j.fenced.Store(true)
-	if err := j.rowError(store.CompleteTx(ctx, tx, j.ID, j.Token, j.recordedOutput())); err != nil {
-		return fmt.Errorf("complete job %d: %w", j.ID, err)
+	if err := j.rowError(store.CompleteTx(ctx, tx, j.claim.ID, j.claim.Token, j.recordedOutput())); err != nil {
+		return fmt.Errorf("complete job %d: %w", j.claim.ID, err)
 	}
 	j.doneInTx.Store(true)
 	return nil
@@ -163,15 +177,15 @@ func (j *Job) CompleteTx(ctx context.Context, tx pgx.Tx) error {
 func (j *Job) SetProgress(ctx context.Context, v any) error {
 	b, err := json.Marshal(v)
 	if err != nil {
-		return fmt.Errorf("set progress of job %d: %w", j.ID, err)
+		return fmt.Errorf("set progress of job %d: %w", j.claim.ID, err)
 	}
 	if err := j.lease.EnsureActive(); err != nil {
-		return fmt.Errorf("set progress of job %d: %w: %w", j.ID, ErrFenced, err)
+		return fmt.Errorf("set progress of job %d: %w: %w", j.claim.ID, ErrFenced, err)
 	}
 	if j.db == nil {
-		return fmt.Errorf("set progress of job %d: %w: the job has no database (pooltest without one)", j.ID, ErrFenced)
+		return fmt.Errorf("set progress of job %d: %w: the job has no database (pooltest without one)", j.claim.ID, ErrFenced)
 	}
-	return j.rowError(store.SetProgress(ctx, j.db, j.ID, j.Token, b))
+	return j.rowError(store.SetProgress(ctx, j.db, j.claim.ID, j.claim.Token, b))
 }
 
 // SetProgressTx stores v as the job's checkpoint inside tx (for instance after Fence), fenced by
@@ -179,13 +193,13 @@ func (j *Job) SetProgress(ctx context.Context, v any) error {
 func (j *Job) SetProgressTx(ctx context.Context, tx pgx.Tx, v any) error {
 	b, err := json.Marshal(v)
 	if err != nil {
-		return fmt.Errorf("set progress of job %d: %w", j.ID, err)
+		return fmt.Errorf("set progress of job %d: %w", j.claim.ID, err)
 	}
 	if err := j.lease.EnsureActive(); err != nil {
-		return fmt.Errorf("set progress of job %d: %w: %w", j.ID, ErrFenced, err)
+		return fmt.Errorf("set progress of job %d: %w: %w", j.claim.ID, ErrFenced, err)
 	}
 	j.fenced.Store(true)
-	return j.rowError(store.SetProgressTx(ctx, tx, j.ID, j.Token, b))
+	return j.rowError(store.SetProgressTx(ctx, tx, j.claim.ID, j.claim.Token, b))
 }
 
 // Sleep waits for d, or returns early with context.Cause(ctx) when ctx ends.
@@ -203,9 +217,9 @@ func Sleep(ctx context.Context, d time.Duration) error {
 // pickup is how long the job waited between becoming runnable and this attempt's start
 // (database clock).
 func (j *Job) pickup() time.Duration {
-	from := j.RunAt
-	if from.Before(j.CreatedAt) {
-		from = j.CreatedAt
+	from := j.claim.RunAt
+	if from.Before(j.claim.CreatedAt) {
+		from = j.claim.CreatedAt
 	}
-	return max(j.AttemptedAt.Sub(from), 0)
+	return max(j.claim.AttemptedAt.Sub(from), 0)
 }

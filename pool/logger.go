@@ -30,8 +30,8 @@ func Logger(ctx context.Context) *slog.Logger {
 	}
 	a.once.Do(func() {
 		j := a.job
-		a.log = a.base.With(slog.Int64("job_id", j.ID), slog.String("kind", j.Kind), slog.String("queue", j.Queue),
-			slog.Int("attempt", j.Attempt), slog.Int64("lease_token", j.Token))
+		a.log = a.base.With(slog.Int64("job_id", j.claim.ID), slog.String("kind", j.claim.Kind), slog.String("queue", j.claim.Queue),
+			slog.Int("attempt", int(j.claim.Attempt)), slog.Int64("lease_token", j.claim.Token))
 	})
 	return a.log
 }

@@ -80,7 +80,7 @@ type Pool struct {
 	handlers   map[string]Handler
 
 	listener    *listener.Listener
-	startObs    StartObserver // Config.Observer, when it also wants starts
+	events      *eventQueue   // delivers to Config.Observer; nil without one
 	wake        chan struct{} // a notification or a poll: there may be new jobs
 	slotWake    chan struct{} // a handler returned: a slot is free
 	active      atomic.Int64  // handler goroutines not yet returned (each holds one errgroup slot)
@@ -107,6 +107,7 @@ type Pool struct {
 	unpinned atomic.Bool                   // the control connections could not pin leash's session settings
 
 	started      atomic.Bool
+	stopErr      error // what Shutdown returns; written by Run before done is closed
 	shutdownOnce sync.Once
 	shutdownCh   chan struct{}
 	shutdownCtx  context.Context
@@ -129,7 +130,9 @@ func New(db *pgxpool.Pool, cfg Config) (*Pool, error) {
 		finishCh: make(chan finishItem, 4*cfg.Concurrency+16), outcomeWake: make(chan struct{}, 1),
 		running: map[int64]*Job{}, shutdownCh: make(chan struct{}), done: make(chan struct{}),
 	}
-	p.startObs, _ = cfg.Observer.(StartObserver)
+	if cfg.Observer != nil {
+		p.events = newEventQueue(cfg.Observer, p.log)
+	}
 	p.revocations = newRecorder(p)
 	p.waiterID = cfg.ID + "/" + rand.Text()[:8]
 	p.keeper = leasekeeper.NewKeeper(controlDB{p}, cfg.leaseConfig(), p.leases, p.log, &p.metrics.Lease)
@@ -222,27 +225,32 @@ func (p *Pool) lookupJob(id, token int64) *Job {
 	p.runningMu.Lock()
 	defer p.runningMu.Unlock()
 	if token != 0 {
-		if j := p.running[token]; j != nil && j.ID == id {
+		if j := p.running[token]; j != nil && j.claim.ID == id {
 			return j
 		}
 		return nil
 	}
 	var found *Job
 	for _, j := range p.running {
-		if j.ID == id && (found == nil || j.lease.Cause() == nil) {
+		if j.claim.ID == id && (found == nil || j.lease.Cause() == nil) {
 			found = j
 		}
 	}
 	return found
 }
 
-// Register sets the handler for kind. Register before Run; registering a kind twice is an error.
+// Register sets the handler for kind. Register every kind before Run: once Run has started it
+// returns ErrStarted. Registering a kind twice is an error. A job whose kind no handler is
+// registered for fails its attempt with ErrUnknownKind and is retried.
 func (p *Pool) Register(kind string, h Handler) error {
 	if kind == "" || h == nil {
 		return errors.New("pool: Register needs a kind and a handler")
 	}
 	p.handlersMu.Lock()
 	defer p.handlersMu.Unlock()
+	if p.started.Load() {
+		return fmt.Errorf("%w: register kind %q before Run", ErrStarted, kind)
+	}
 	if _, dup := p.handlers[kind]; dup {
 		return fmt.Errorf("pool: kind %q registered twice", kind)
 	}
@@ -311,6 +319,9 @@ func (p *Pool) Run(ctx context.Context) error {
 		func(ctx context.Context) { p.listener.Run(ctx) }} {
 		services.Go(func() error { svc(svcCtx); return nil })
 	}
+	if p.events != nil {
+		go p.events.run()
+	}
 	stopFinisher, finisherDone := make(chan struct{}), make(chan struct{})
 	go func() { defer close(finisherDone); p.runFinisher(stopFinisher) }()
 
@@ -335,10 +346,17 @@ func (p *Pool) Run(ctx context.Context) error {
 		grace, cancel = context.WithTimeout(context.Background(), p.cfg.ShutdownTimeout)
 		defer cancel()
 	}
-	p.drain(grace)
+	if cancelled, abandoned := p.drain(grace); cancelled > 0 {
+		p.stopErr = fmt.Errorf("pool: stopped after %d running jobs were cancelled with lease.ErrShutdown (%d of them abandoned, left to their leases) when the grace period ended: %w",
+			cancelled, abandoned, ErrJobsCancelled)
+	}
 	p.outcomes.Wait()
 	close(stopFinisher)
 	<-finisherDone
+	if p.events != nil && !p.events.close(p.cfg.ShutdownTimeout) {
+		p.log.Warn("the Observer did not take the last job events within the shutdown timeout; stopping without them",
+			slog.Duration("shutdown_timeout", p.cfg.ShutdownTimeout))
+	}
 	stopServices()
 	services.Wait()
 	p.log.Info("worker stopped")
@@ -347,8 +365,10 @@ func (p *Pool) Run(ctx context.Context) error {
 
 // Shutdown stops claiming and waits for running jobs until ctx is done; then it cancels them
 // with lease.ErrShutdown and hands their jobs back (available, the attempt not counted) so that
-// another worker starts them at once. It returns when Run has returned. A ctx that is already
-// done stops at once.
+// another worker starts them at once. It returns when Run has returned: nil when every running
+// job finished on its own, or an error matching ErrJobsCancelled (and saying how many) when ctx
+// ended first and jobs were cancelled. A ctx that is already done stops at once. Only the first
+// call's ctx bounds the wait; later calls wait for the same stop and return the same result.
 func (p *Pool) Shutdown(ctx context.Context) error {
 	p.shutdownOnce.Do(func() {
 		p.shutdownCtx = ctx
@@ -358,7 +378,7 @@ func (p *Pool) Shutdown(ctx context.Context) error {
 		return nil
 	}
 	<-p.done
-	return nil
+	return p.stopErr
 }
 
 func (p *Pool) newListener() *listener.Listener {

@@ -36,7 +36,7 @@ func (p *Pool) onRevoked(r listener.Revocation) {
 	// Durable first, whatever the lease's state: a handler that is already stopping (timed out,
 	// shut down, its outcome waiting to be written) must not outlive the revocation and put the
 	// job back in the queue.
-	rv := store.Revocation{ID: r.ID, Token: l.Token, Attempt: int32(j.Attempt), Reason: reason, Job: r.Token == 0}
+	rv := store.Revocation{ID: r.ID, Token: l.Token, Attempt: int32(int(j.claim.Attempt)), Reason: reason, Job: r.Token == 0}
 	end := func() {
 		if !l.End(&revocation{reason: reason}) {
 			return

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/leashq/leash/internal/store"
 )
 
@@ -110,9 +108,7 @@ type MigrateOptions struct {
 // MigrateWith is Migrate with options; it returns the migrations it applied, in order, also when
 // it fails part-way (those before the failure are committed). A migration that builds an index
 // CONCURRENTLY runs on a session of its own: db must then be a *pgxpool.Pool or a *pgx.Conn.
-func MigrateWith(ctx context.Context, db interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
-}, o MigrateOptions) ([]Migration, error) {
+func MigrateWith(ctx context.Context, db Beginner, o MigrateOptions) ([]Migration, error) {
 	if o.LockTimeout < 0 {
 		return nil, errors.New("pool: MigrateOptions.LockTimeout must not be negative")
 	}

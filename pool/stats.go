@@ -27,6 +27,9 @@ type Stats struct {
 	// SetAside counts rows a claim failed instead of leasing, because they cannot be claimed (an
 	// attempt counter at the largest integer, which only an SQL client writes).
 	SetAside int64
+	// EventsDropped counts job events not delivered to Config.Observer because it fell more than
+	// 65,536 events behind.
+	EventsDropped int64
 
 	Lease    LeaseStats
 	Listener ListenerStats
@@ -68,6 +71,7 @@ func (p *Pool) Stats() Stats {
 		Abandoned: m.Abandoned.Load(), TimedOut: m.TimedOut.Load(), Pruned: m.Pruned.Load(),
 		ScheduledJobs: m.ScheduledJobs.Load(), ScheduleErrors: m.ScheduleErrors.Load(),
 		RevokedByNotification: m.RevokedByNotification.Load(), SetAside: m.SetAside.Load(),
+		EventsDropped: p.events.droppedCount(),
 		Lease: LeaseStats{
 			RenewalsSucceeded: l.RenewalsSucceeded.Load(), RenewalsFailed: l.RenewalsFailed.Load(),
 			RenewalsLost: l.RenewalsLost.Load(), RenewalsSkipped: l.RenewalsSkipped.Load(),

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/leashq/leash/internal/store"
 )
 
@@ -129,9 +127,7 @@ type MinuteSampleParams struct {
 // Finished counts and pickup latency are counted from the rows of leash.jobs as they are when
 // the minute is sampled, so a minute filled in late misses jobs retention deleted meanwhile, and
 // its queue depth is unknown (nil).
-func SampleMinuteStats(ctx context.Context, db interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
-}, p MinuteSampleParams) (int, error) {
+func SampleMinuteStats(ctx context.Context, db Beginner, p MinuteSampleParams) (int, error) {
 	if p.Lag < 0 || p.Backfill < 0 || p.Retain < 0 {
 		return 0, fmt.Errorf("pool: MinuteSampleParams must not be negative")
 	}

@@ -60,10 +60,7 @@ func work(ctx context.Context, db DB, kind string, payload any, opts *InsertOpts
 	var l *leasekeeper.Lease
 	keeper := leasekeeper.NewKeeper(db, leasekeeper.Config{}, func() []*leasekeeper.Lease { return []*leasekeeper.Lease{l} }, nil, nil)
 	jctx, l := keeper.Hold(ctx, cj.ID, cj.Token, sentAt)
-	j := &Job{ID: cj.ID, Queue: cj.Queue, Kind: cj.Kind, Payload: cj.Payload, Priority: cj.Priority,
-		Attempt: int(cj.Attempt), MaxAttempts: int(cj.MaxAttempts), Token: cj.Token, CreatedAt: cj.CreatedAt,
-		RunAt: cj.RunAt, AttemptedAt: cj.AttemptedAt, lease: l, db: db, started: time.Now(),
-		TraceContext: decodeTraceContext(cj.TraceContext)}
+	j := newJob(cj, l, db)
 	if db != nil {
 		kctx, stop := context.WithCancel(context.WithoutCancel(ctx))
 		done := make(chan struct{})
@@ -78,8 +75,8 @@ func work(ctx context.Context, db DB, kind string, payload any, opts *InsertOpts
 	herr := stable(callForTest(jctx, h, j))
 	l.MarkFinishing()
 	defer keeper.Release(l)
-	out, write := decide(j.ID, j.Token, testWorker, ending{err: herr, cause: l.Cause(), attempt: j.Attempt,
-		maxAttempts: j.MaxAttempts, backoff: DefaultRetryBackoff})
+	out, write := decide(j.claim.ID, j.claim.Token, testWorker, ending{err: herr, cause: l.Cause(), attempt: int(j.claim.Attempt),
+		maxAttempts: int(j.claim.MaxAttempts), backoff: DefaultRetryBackoff})
 	out.Output = j.recordedOutput()
 	if db == nil {
 		if !write {
@@ -89,10 +86,10 @@ func work(ctx context.Context, db DB, kind string, payload any, opts *InsertOpts
 	}
 	if write && !(out.State == store.StateCompleted && j.doneInTx.Load()) {
 		if _, err = store.Finish(context.WithoutCancel(ctx), db, []store.Outcome{out}); err != nil {
-			return j, "", herr, fmt.Errorf("pooltest: write the outcome of job %d: %w", j.ID, err)
+			return j, "", herr, fmt.Errorf("pooltest: write the outcome of job %d: %w", j.claim.ID, err)
 		}
 	}
-	row, err := GetJob(context.WithoutCancel(ctx), db, j.ID)
+	row, err := GetJob(context.WithoutCancel(ctx), db, j.claim.ID)
 	if err != nil {
 		return j, "", herr, fmt.Errorf("pooltest: %w", err)
 	}

@@ -15,6 +15,7 @@ package pooltest
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -34,17 +35,22 @@ type Result struct {
 	State string
 }
 
-// Work runs fn on one attempt of a job of A's kind with args as its payload, decoded as
-// pool.AddWorker decodes it (strictly: a field of args that does not survive JSON fails the
-// attempt permanently). db may be nil (see the package comment). opts are the job's insert
-// options (nil: the defaults). The error is about the helper (the job could not be inserted,
-// claimed or settled); the handler's own is in Result.Err.
+// Work runs fn on one attempt of a job of A's kind (pool.KindOf, as pool.AddWorker names it)
+// with args as its payload: args is marshalled to JSON and decoded as pool.AddWorker decodes it,
+// so fn sees what a worker would see (a field that does not survive JSON, unexported or tagged
+// `json:"-"`, arrives as its zero value). db may be nil (see the package comment). opts are the
+// job's insert options (nil: the defaults). The error is about the helper (the job could not be
+// inserted, claimed or settled, or A names no kind); the handler's own is in Result.Err.
 func Work[A pool.JobArgs](ctx context.Context, db *pgxpool.Pool, args A, opts *pool.InsertOpts,
 	fn func(ctx context.Context, job *pool.Job, args A) error) (Result, error) {
 	if fn == nil {
 		return Result{}, errors.New("pooltest: Work needs a function")
 	}
-	return WorkHandler(ctx, db, args.Kind(), args, opts, pool.Args(fn))
+	kind, err := pool.KindOf[A]()
+	if err != nil {
+		return Result{}, fmt.Errorf("pooltest: %w", err)
+	}
+	return WorkHandler(ctx, db, kind, args, opts, pool.Args(fn))
 }
 
 // WorkHandler runs h on one attempt of a job of kind with payload (any value that marshals to

@@ -1,0 +1,138 @@
+package pool
+
+import (
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// maxQueuedEvents bounds the events waiting for a slow Observer; past it new events are dropped
+// (and counted in Stats.EventsDropped) rather than held in memory without end.
+const maxQueuedEvents = 1 << 16
+
+// observerEvent is one call owed to the Observer.
+type observerEvent struct {
+	started bool // JobStarted, else JobFinished
+	ev      JobEvent
+}
+
+// eventQueue hands JobEvents to Config.Observer on a goroutine of its own, in the order they
+// happened, so that an Observer that is slow (or blocks) delays only itself: never the claim
+// loop, a handler's start or the finisher that writes outcomes.
+type eventQueue struct {
+	obs      Observer
+	startObs StartObserver
+	log      *slog.Logger
+
+	mu       sync.Mutex
+	queue    []observerEvent
+	closed   bool
+	wake     chan struct{}
+	done     chan struct{}
+	dropped  atomic.Int64
+	warnedAt atomic.Int64 // unix nanos of the last warning about drops
+}
+
+func newEventQueue(obs Observer, log *slog.Logger) *eventQueue {
+	e := &eventQueue{obs: obs, log: log, wake: make(chan struct{}, 1), done: make(chan struct{})}
+	e.startObs, _ = obs.(StartObserver)
+	return e
+}
+
+// wantsStarts reports whether JobStarted events are delivered at all.
+func (e *eventQueue) wantsStarts() bool { return e != nil && e.startObs != nil }
+
+// droppedCount is how many events were dropped (0 without an Observer).
+func (e *eventQueue) droppedCount() int64 {
+	if e == nil {
+		return 0
+	}
+	return e.dropped.Load()
+}
+
+// emit queues one event; it never blocks.
+func (e *eventQueue) emit(started bool, ev JobEvent) {
+	if e == nil || (started && e.startObs == nil) {
+		return
+	}
+	e.mu.Lock()
+	if e.closed || len(e.queue) >= maxQueuedEvents {
+		closed := e.closed
+		e.mu.Unlock()
+		if !closed {
+			e.drop()
+		}
+		return
+	}
+	e.queue = append(e.queue, observerEvent{started: started, ev: ev})
+	e.mu.Unlock()
+	select {
+	case e.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (e *eventQueue) drop() {
+	e.dropped.Add(1)
+	now := time.Now().UnixNano()
+	if last := e.warnedAt.Load(); now-last > int64(time.Minute) && e.warnedAt.CompareAndSwap(last, now) {
+		e.log.Warn("the Observer is falling behind; job events dropped",
+			slog.Int("queued", maxQueuedEvents), slog.Int64("dropped_total", e.dropped.Load()))
+	}
+}
+
+// run delivers events until close is called and every queued event is delivered.
+func (e *eventQueue) run() {
+	defer close(e.done)
+	for {
+		e.mu.Lock()
+		batch, closed := e.queue, e.closed
+		e.queue = nil
+		e.mu.Unlock()
+		for _, oe := range batch {
+			e.deliver(oe)
+		}
+		if len(batch) > 0 {
+			continue
+		}
+		if closed {
+			return
+		}
+		<-e.wake
+	}
+}
+
+// deliver makes one call; an Observer's panic is logged, never fatal to the pool.
+func (e *eventQueue) deliver(oe observerEvent) {
+	defer func() {
+		if r := recover(); r != nil {
+			e.log.Error("the Observer panicked", slog.String("kind", oe.ev.Kind), slog.String("panic", describe(r)))
+		}
+	}()
+	if oe.started {
+		e.startObs.JobStarted(oe.ev)
+	} else {
+		e.obs.JobFinished(oe.ev)
+	}
+}
+
+// close stops taking events and waits up to wait for the queued ones to be delivered; it
+// reports whether they were.
+func (e *eventQueue) close(wait time.Duration) bool {
+	e.mu.Lock()
+	e.closed = true
+	e.mu.Unlock()
+	select {
+	case e.wake <- struct{}{}:
+	default:
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-e.done:
+		return true
+	case <-t.C:
+		return false
+	}
+}
