@@ -63,7 +63,7 @@ func failover(t *testing.T, sync bool) {
 		replication.Delay(20 * time.Millisecond)
 	}
 	// The standby does not inherit synchronous_standby_names: promoted, it has no standby of its
-	// own, and every commit would wait for one forever (README, Failover).
+	// own, and every commit would wait for one forever (docs/operations.md, Failover).
 	standby, err := pgcluster.StartStandby(ctx, primary, "standby", "synchronous_standby_names = ''",
 		fmt.Sprintf("primary_conninfo = 'host=127.0.0.1 port=%d user=postgres application_name=standby'", replication.Port()))
 	if err != nil {

@@ -70,7 +70,7 @@ type Config struct {
 	// ControlConns is the number of connections the pool opens for itself (claims, renewals,
 	// outcomes, rescue, retention), from db's configuration, so that handlers using db can never
 	// starve the lease protocol; their sessions run with leash's own settings (search_path,
-	// isolation, timeouts: README, Database settings), whatever the database's defaults.
+	// isolation, timeouts: docs/operations.md, Database settings), whatever the database's defaults.
 	// Default ControlConnsDefault (4); negative shares db instead, whose settings leash leaves
 	// alone.
 	ControlConns int
@@ -123,7 +123,7 @@ type Config struct {
 }
 
 // EngineConfig holds knobs of the claim loop and the finisher that exist to measure alternatives
-// (the README's Performance section and the bench module compare them), not settings an
+// (docs/performance.md and the bench module compare them), not settings an
 // operator needs. Every
 // field's zero value is its default.
 type EngineConfig struct {

@@ -44,8 +44,8 @@ type ending struct {
 }
 
 // decide maps an attempt's ending to the outcome to write, or write=false when nothing may be
-// written (the lease was taken over: the fence would reject it anyway). It is the table in the
-// README ("What each ending writes"):
+// written (the lease was taken over: the fence would reject it anyway). It is the list in
+// docs/guarantees.md ("What each ending writes"):
 //
 //   - the lease was lost to another worker: nothing;
 //   - the job was revoked before the handler returned: cancelled, whatever it returned;

@@ -16,11 +16,11 @@ import (
 	"github.com/leashq/leash/pool"
 )
 
-// readmeGrants returns the README's GRANT lines (section Privileges) for the example role name,
+// readmeGrants returns the GRANT lines of docs/sql.md (section Privileges) for the example role name,
 // each with the role's name replaced by role.
 func readmeGrants(t *testing.T, example, role string) []string {
 	t.Helper()
-	b, err := os.ReadFile("../README.md")
+	b, err := os.ReadFile("../docs/sql.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -31,7 +31,7 @@ func readmeGrants(t *testing.T, example, role string) []string {
 		}
 	}
 	if len(out) == 0 {
-		t.Fatalf("README names no GRANT ... TO %s", example)
+		t.Fatalf("docs/sql.md names no GRANT ... TO %s", example)
 	}
 	return out
 }
@@ -66,7 +66,7 @@ func poolAsRole(t *testing.T, db *pgxpool.Pool, grants ...string) *pgxpool.Pool 
 	return p
 }
 
-// A worker of another role than the migrating one, holding exactly the README's worker grants,
+// A worker of another role than the migrating one, holding exactly the worker grants of docs/sql.md,
 // runs everything a worker does without a warning: claims and outcomes, renewals, waiting for
 // work and being woken, queue controls, schedules, retention and the planner statistics.
 func TestWorkerRoleWithREADMEGrants(t *testing.T) {
@@ -144,6 +144,6 @@ func TestWorkerRoleWithREADMEGrants(t *testing.T) {
 		return n == 0
 	})
 	if s := logs.String(); strings.Contains(s, "level=WARN") || strings.Contains(s, "level=ERROR") {
-		t.Fatalf("the worker of the README's grants logged warnings:\n%s", s)
+		t.Fatalf("the worker of docs/sql.md's grants logged warnings:\n%s", s)
 	}
 }

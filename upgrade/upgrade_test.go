@@ -239,7 +239,7 @@ func extract(root, commit, dir string) error {
 }
 
 // TestRollingUpgrade upgrades a working fleet from every earlier release in CHANGELOG.md to
-// this tree, the way README's Upgrading section says: the release's worker runs; this tree's
+// this tree, the way docs/operations.md's Upgrading section says: the release's worker runs; this tree's
 // `worker migrate` runs under it while jobs keep arriving; this tree's worker starts; the old one
 // gets SIGTERM and hands back what it still runs. Every job must complete exactly once (attempt
 // 1: a hand-back gives the attempt back, a lease lost or a failed attempt would not) and neither

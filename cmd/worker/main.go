@@ -1,6 +1,6 @@
 // Command worker is leash's standalone binary: it runs a worker pool with the built-in handlers,
 // applies migrations, enqueues and revokes jobs, and shows the queue's status. Configuration
-// comes from the environment (see the README); `worker help` lists the subcommands.
+// comes from the environment (see docs/worker.md); `worker help` lists the subcommands.
 package main
 
 import (

@@ -311,7 +311,7 @@ func TestHealthProbe(t *testing.T) {
 	}
 }
 
-// The deployment of README's PgBouncer notes: the pool through PgBouncer in transaction mode
+// The deployment of the PgBouncer notes in docs/operations.md: the pool through PgBouncer in transaction mode
 // (with default_query_exec_mode=exec, which PgBouncer before 1.21 needs), LISTEN on a direct
 // LISTEN_DATABASE_URL. Jobs drain, a console revocation lands, SIGTERM exits 0.
 func TestBehindPgBouncer(t *testing.T) {
@@ -390,7 +390,7 @@ ignore_startup_parameters = extra_float_digits
 	})
 
 	// The test cluster runs with synchronous_commit = off for speed. Through a pooler leash cannot
-	// raise it on its connections and warns (README, Database settings): set as an operator would.
+	// raise it on its connections and warns (docs/operations.md, Database settings): set as an operator would.
 	pgtest.Exec(t, direct, "ALTER DATABASE "+pgx.Identifier{cfg.Database}.Sanitize()+" SET synchronous_commit = on")
 	db := pgtest.PoolFor(t, direct)
 	ctx := context.Background()

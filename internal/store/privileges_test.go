@@ -14,11 +14,11 @@ import (
 	"github.com/leashq/leash/internal/store"
 )
 
-// readmeGrants returns the README's GRANT lines (section Privileges) for the example role name,
+// readmeGrants returns the GRANT lines of docs/sql.md (section Privileges) for the example role name,
 // with %s in its place, for connAsRole.
 func readmeGrants(t *testing.T, role string) []string {
 	t.Helper()
-	b, err := os.ReadFile("../../README.md")
+	b, err := os.ReadFile("../../docs/sql.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -29,7 +29,7 @@ func readmeGrants(t *testing.T, role string) []string {
 		}
 	}
 	if len(out) == 0 {
-		t.Fatalf("README names no GRANT ... TO %s", role)
+		t.Fatalf("docs/sql.md names no GRANT ... TO %s", role)
 	}
 	return out
 }
@@ -94,9 +94,9 @@ func TestNothingReadableWithoutAGrant(t *testing.T) {
 	}
 }
 
-// A role of the README's inserter grants inserts jobs from SQL and through every insert of the
+// A role of the inserter grants of docs/sql.md inserts jobs from SQL and through every insert of the
 // Go API, while a worker waits (the insert trigger then reads leash.waiters and leash.queues
-// with its owner's rights) or not, and reads no payload. The README's operator revokes,
+// with its owner's rights) or not, and reads no payload. The operator of docs/sql.md revokes,
 // retries, pauses and resumes, and reads no table.
 func TestREADMEInserterAndOperatorGrants(t *testing.T) {
 	t.Parallel()
