@@ -107,8 +107,8 @@ func Example_embed() {
 	}
 
 	// snippet:start embed-observer
-	// An Observer is called by the pool's outcome writer and must not block it: hand the event
-	// over without waiting (a full channel drops it).
+	// The Observer is told of each finished job, on a goroutine of the pool's own; this one
+	// hands the event over without waiting (a full channel drops it).
 	finished := make(chan pool.JobEvent, 16)
 	observer := observerFunc(func(ev pool.JobEvent) {
 		select {

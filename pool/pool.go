@@ -441,7 +441,7 @@ func (p *Pool) ensureQueues(ctx context.Context) error {
 		   AND pg_catalog.has_sequence_privilege('leash.queue_change_hint', 'SELECT')`).Scan(&ok)
 	if err == nil && !ok {
 		return fmt.Errorf("pool: the role may not use leash.queues: grant it SELECT, INSERT, UPDATE ON leash.queues " +
-			"and SELECT ON SEQUENCE leash.queue_change_hint (README, Privileges)")
+			"and SELECT ON SEQUENCE leash.queue_change_hint (docs/sql.md, Privileges)")
 	}
 	if err := store.EnsureQueues(sctx, p.control(), p.cfg.Queues); err != nil {
 		p.log.WarnContext(ctx, "creating the rows of the pool's queues failed; the claim loop tries again", slog.Any("err", err))

@@ -169,7 +169,7 @@ func (p *Pool) checkSettings(ctx context.Context) (problem, err error) {
 			}
 			p.log.WarnContext(ctx, "these settings of the database or role change what leash does, and leash could not set its own on "+
 				"its connections (a pooler that refuses or drops startup parameters, or ControlConns < 0 sharing the application's pool): "+
-				"reset them for the worker's role, or connect the worker to PostgreSQL directly (see README, Database settings)", attrs...)
+				"reset them for the worker's role, or connect the worker to PostgreSQL directly (see docs/operations.md, Database settings)", attrs...)
 		}
 	}
 	return joined, nil
