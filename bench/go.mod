@@ -4,7 +4,7 @@ go 1.26.8
 
 require (
 	github.com/jackc/pgx/v5 v5.12.0
-	github.com/leashq/leash v0.0.0-00010101000000-000000000000
+	github.com/leashq/leash v0.3.0
 	github.com/riverqueue/river v0.51.2
 	github.com/riverqueue/river/riverdriver/riverpgxv5 v0.51.2
 )

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -275,10 +276,15 @@ func TestRollingUpgrade(t *testing.T) {
 		return headBin.bin
 	}
 
+	headCommit, err := git(root, "rev-parse", "HEAD")
+	if err != nil {
+		unavailable(t, "%s has no HEAD commit: %v", root, err)
+	}
 	ran := 0
 	for _, r := range rels {
 		if r.Commit == "HEAD" {
-			continue // the tree under test
+			t.Logf("release %s names HEAD as its commit: it is the tree under test; no upgrade from it", r.Version)
+			continue
 		}
 		t.Run(r.Version, func(t *testing.T) {
 			commit, err := git(root, "rev-parse", "--verify", "--quiet", r.Commit+"^{commit}")
@@ -288,12 +294,22 @@ func TestRollingUpgrade(t *testing.T) {
 				}
 				unavailable(t, "release %s's commit %s is not in this repository's history", r.Version, r.Commit)
 			}
+			if commit == headCommit {
+				t.Skipf("release %s's commit %s is HEAD, the tree under test; no upgrade from it", r.Version, r.Commit)
+			}
 			if _, err := git(root, "diff", "--quiet", commit, "--", "*.go", "go.mod", "go.sum", "sql"); err == nil {
 				t.Skipf("release %s (%s) has the code of the tree under test", r.Version, r.Commit)
 			}
 			src := t.TempDir()
 			if err := extract(root, commit, src); err != nil {
 				t.Fatal(err)
+			}
+			same, err := sameMigrations(filepath.Join(src, "sql"), filepath.Join(root, "sql"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if same {
+				t.Skipf("release %s (%s) has the migrations of the tree under test: its upgrade migrates nothing; no upgrade from it", r.Version, r.Commit)
 			}
 			oldBin := filepath.Join(t.TempDir(), "worker-"+r.Version)
 			// Its own go.mod and go.sum, as released; the module cache serves the dependencies.
@@ -313,6 +329,74 @@ func TestRollingUpgrade(t *testing.T) {
 	}
 	if ran == 0 {
 		t.Log("CHANGELOG.md lists no release older than this tree")
+	}
+}
+
+// sameMigrations reports whether the directories a and b hold the same migrations: the same
+// *.sql files with the same contents. A missing directory holds none.
+func sameMigrations(a, b string) (bool, error) {
+	read := func(dir string) (map[string]string, error) {
+		files, err := filepath.Glob(filepath.Join(dir, "*.sql"))
+		if err != nil {
+			return nil, err
+		}
+		m := map[string]string{}
+		for _, f := range files {
+			body, err := os.ReadFile(f)
+			if err != nil {
+				return nil, fmt.Errorf("migrations: %w", err)
+			}
+			m[filepath.Base(f)] = string(body)
+		}
+		return m, nil
+	}
+	ma, err := read(a)
+	if err != nil {
+		return false, err
+	}
+	mb, err := read(b)
+	if err != nil {
+		return false, err
+	}
+	return len(ma) > 0 && maps.Equal(ma, mb), nil
+}
+
+// A release cut from the tree under test, or from a commit with its migrations, is not
+// upgraded from: sameMigrations tells them from earlier ones.
+func TestSameMigrations(t *testing.T) {
+	t.Parallel()
+	dirs := map[string]map[string]string{
+		"release": {"001_jobs.sql": "CREATE TABLE a ();", "002_more.sql": "CREATE TABLE b ();"},
+		"tree":    {"001_jobs.sql": "CREATE TABLE a ();", "002_more.sql": "CREATE TABLE b ();"},
+		"newer":   {"001_jobs.sql": "CREATE TABLE a ();", "002_more.sql": "CREATE TABLE b ();", "003_new.sql": "SELECT;"},
+		"edited":  {"001_jobs.sql": "CREATE TABLE a ();", "002_more.sql": "CREATE TABLE c ();"},
+		"empty":   {},
+	}
+	base := t.TempDir()
+	for name, files := range dirs {
+		if err := os.MkdirAll(filepath.Join(base, name), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		for f, body := range files {
+			if err := os.WriteFile(filepath.Join(base, name, f), []byte(body), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for _, c := range []struct {
+		a, b string
+		want bool
+	}{{"release", "tree", true}, {"release", "newer", false}, {"release", "edited", false},
+		{"empty", "empty", false}, {"missing", "tree", false}} {
+		got, err := sameMigrations(filepath.Join(base, c.a), filepath.Join(base, c.b))
+		if err != nil || got != c.want {
+			t.Errorf("sameMigrations(%s, %s) = %v, %v; want %v", c.a, c.b, got, err, c.want)
+		}
+	}
+	// This tree against itself, as a release cut from it is.
+	root := repoRoot(t)
+	if same, err := sameMigrations(filepath.Join(root, "sql"), filepath.Join(root, "sql")); err != nil || !same {
+		t.Errorf("this tree's migrations differ from themselves: %v, %v", same, err)
 	}
 }
 

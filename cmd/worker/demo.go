@@ -6,8 +6,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/url"
 	"os"
 	"os/signal"
+	"path/filepath"
+	"regexp"
+	"runtime"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -156,7 +160,11 @@ func cmdDemo(ctx context.Context, e env, stdout io.Writer) error {
 			break
 		}
 	}
-	return demoSummary(ctx, db, victim, stdout)
+	if err := demoSummary(ctx, db, victim, stdout); err != nil {
+		return err
+	}
+	fmt.Fprint(stdout, demoNext(thisWorkerCommand(), e.DatabaseURL))
+	return nil
 }
 
 func demoCounts(ctx context.Context, db *pgxpool.Pool) (map[string]int, error) {
@@ -236,9 +244,121 @@ func demoSummary(ctx context.Context, db *pgxpool.Pool, victim int64, stdout io.
 	var state, reason string
 	db.QueryRow(ctx, `SELECT state, coalesce(revoke_reason, '') FROM leash.jobs WHERE id = $1`, victim).Scan(&state, &reason)
 	fmt.Fprintf(stdout, "\nRevoked job #%d: %s (%s).\n", victim, state, reason)
-	fmt.Fprintln(stdout, strings.TrimSpace(`
-Next: run a worker against your database (DATABASE_URL=... worker run), enqueue from psql with
-  INSERT INTO leash.jobs (kind, payload) VALUES ('sleep', '{"duration":"5s"}');
-and revoke with SELECT leash.revoke_job(id, 'why') or NOTIFY job_revoked, 'id'.`))
 	return nil
+}
+
+// demoNext is the demo's closing lines: the commands that take the user on from where they
+// stand, with worker, the command that runs this binary there (workerCommand), and databaseURL,
+// the DATABASE_URL the demo used ("" for its private server, gone by then).
+func demoNext(worker, databaseURL string) string {
+	var b strings.Builder
+	if databaseURL == "" {
+		b.WriteString("\nNext, on your own PostgreSQL server (the private one is removed on exit):\n")
+		b.WriteString("  export DATABASE_URL='postgres://USER:PASSWORD@HOST:5432/DBNAME'\n")
+	} else {
+		b.WriteString("\nNext, on the database this demo used (the DATABASE_URL you gave it):\n")
+		fmt.Fprintf(&b, "  export DATABASE_URL=%s\n", shellQuote(redactPassword(databaseURL)))
+	}
+	for _, c := range []string{
+		"migrate                  # create or upgrade the leash schema",
+		"run                      # run a worker (Ctrl-C hands its jobs back)",
+		`enqueue -kind sleep -payload '{"duration":"5s"}'`,
+		"status                   # counts per queue and state, and the running jobs",
+	} {
+		fmt.Fprintf(&b, "  %s %s\n", worker, c)
+	}
+	b.WriteString(`Enqueue from psql with INSERT INTO leash.jobs (kind, payload) VALUES ('sleep', '{"duration":"5s"}');
+and revoke with SELECT leash.revoke_job(id, 'why') or NOTIFY job_revoked, 'id'.
+`)
+	return b.String()
+}
+
+// dsnPassword is the password of a keyword/value connection string.
+var dsnPassword = regexp.MustCompile(`(?i)(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)`)
+
+// redactPassword replaces the password of a connection string (a postgres:// URL or keyword/value
+// pairs) by PASSWORD, for printing.
+func redactPassword(databaseURL string) string {
+	u, err := url.Parse(databaseURL)
+	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+		return dsnPassword.ReplaceAllString(databaseURL, "${1}PASSWORD")
+	}
+	if u.User != nil {
+		if _, ok := u.User.Password(); ok {
+			u.User = url.UserPassword(u.User.Username(), "PASSWORD")
+		}
+	}
+	if q := u.Query(); q.Has("password") {
+		q.Set("password", "PASSWORD")
+		u.RawQuery = q.Encode()
+	}
+	return u.String()
+}
+
+// workerCommand is the command that runs this binary from the directory cwd: for a binary that
+// `go run` built (it lives in the go command's build directories), `go run` of srcDir, the
+// directory of the binary's source ("" when the build trimmed paths: then the checkout's root
+// is assumed); for an installed or built binary, arg0 as it was run when that names a path
+// (./worker), else "worker", found on PATH.
+func workerCommand(exe, arg0, srcDir, cwd string) string {
+	if !builtByGoRun(exe) {
+		if strings.ContainsRune(arg0, filepath.Separator) {
+			return shellQuote(arg0)
+		}
+		return "worker"
+	}
+	if srcDir == "" || !filepath.IsAbs(srcDir) {
+		return "go run ./cmd/worker"
+	}
+	rel, err := filepath.Rel(cwd, srcDir)
+	switch {
+	case err != nil || rel == ".." || strings.HasPrefix(rel, ".."+string(filepath.Separator)):
+		return "go run -C " + shellQuote(srcDir) + " ."
+	case rel == ".":
+		return "go run ."
+	default:
+		return "go run " + shellQuote("./"+filepath.ToSlash(rel))
+	}
+}
+
+// builtByGoRun reports whether exe lives where `go run` puts the binaries it builds: a go-build
+// directory (the go command's temporary work directory, or its build cache).
+func builtByGoRun(exe string) bool {
+	for _, e := range strings.Split(filepath.ToSlash(filepath.Dir(exe)), "/") {
+		if strings.HasPrefix(e, "go-build") {
+			return true
+		}
+	}
+	return false
+}
+
+// sourceDir is the directory of this package's source, as the compiler recorded it: absolute
+// unless the build trimmed paths.
+func sourceDir() string {
+	_, file, _, ok := runtime.Caller(0)
+	if !ok || !filepath.IsAbs(file) {
+		return ""
+	}
+	return filepath.Dir(file)
+}
+
+// thisWorkerCommand is workerCommand for the running process, from the shell's directory: PWD,
+// which `go run -C dir` leaves as it was, when it names the working directory or one above it.
+func thisWorkerCommand() string {
+	exe, _ := os.Executable()
+	cwd, _ := os.Getwd()
+	if pwd := os.Getenv("PWD"); filepath.IsAbs(pwd) {
+		if rel, err := filepath.Rel(pwd, cwd); err == nil && rel != ".." && !strings.HasPrefix(rel, ".."+string(filepath.Separator)) {
+			cwd = pwd
+		}
+	}
+	return workerCommand(exe, os.Args[0], sourceDir(), cwd)
+}
+
+// shellQuote quotes s for a POSIX shell when it holds anything but safe characters.
+func shellQuote(s string) string {
+	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./:@%+=,") == "" {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }

@@ -5,8 +5,8 @@ go 1.26.8
 require (
 	github.com/chromedp/chromedp v0.23.0
 	github.com/jackc/pgx/v5 v5.12.0
-	github.com/leashq/leash v0.0.0-00010101000000-000000000000
-	github.com/leashq/leash/otel v0.0.0-00010101000000-000000000000
+	github.com/leashq/leash v0.3.0
+	github.com/leashq/leash/otel v0.3.0
 	github.com/lmittmann/tint v1.2.1
 	github.com/prometheus/client_golang v1.25.0
 	github.com/sethvargo/go-envconfig v1.4.3

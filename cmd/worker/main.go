@@ -47,7 +47,7 @@ commands:
   schedule  list, add or remove durable periodic jobs (see worker schedule)
   health    probe a running worker's /readyz (for container health checks)
   demo      a guided tour on a private PostgreSQL (or DATABASE_URL): workload, revocation, summary
-  version   print the release and the schema version this worker needs
+  version   print the release, the revision it was built from and the schema version it needs
 
 configuration is read from the environment; DATABASE_URL is required. Tracing is on when
 OTEL_EXPORTER_OTLP_ENDPOINT (or OTEL_TRACES_EXPORTER=otlp) is set.
@@ -76,7 +76,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return cmdHealth(ctx, getenv, args, stdout)
 	}
 	if cmd == "version" {
-		fmt.Fprintf(stdout, "worker %s\nschema version %d\n", pool.Release, pool.SchemaVersion())
+		cmdVersion(stdout)
 		return nil
 	}
 	e, err := loadEnv(ctx, getenv)

@@ -283,7 +283,9 @@ func TestDemo(t *testing.T) {
 		t.Fatalf("demo: %v\n%s", err, out)
 	}
 	for _, want := range []string{"Starting a private PostgreSQL", "NOTIFY job_revoked", "cancelled by its worker in",
-		"Summary", "flaky  completed  6", "cancelled (by NOTIFY job_revoked)", "Private PostgreSQL stopped and removed."} {
+		"Summary", "flaky  completed  6", "cancelled (by NOTIFY job_revoked)", "Private PostgreSQL stopped and removed.",
+		// The test binary is built like a `go run` one and runs in this package's directory.
+		"export DATABASE_URL='postgres://USER:PASSWORD@HOST:5432/DBNAME'", "  go run . migrate "} {
 		if !strings.Contains(out, want) {
 			t.Errorf("demo output lacks %q:\n%s", want, out)
 		}

@@ -62,7 +62,7 @@ func TestApplicationModuleGraph(t *testing.T) {
 
 go 1.26.8
 
-require github.com/leashq/leash v0.0.0-00010101000000-000000000000
+require github.com/leashq/leash v0.3.0
 
 replace github.com/leashq/leash => %s
 `, lib)
