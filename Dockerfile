@@ -16,7 +16,9 @@ COPY cmd/worker/go.mod cmd/worker/go.sum ./cmd/worker/
 COPY bench/go.mod bench/go.sum ./bench/
 RUN cd cmd/worker && go mod download
 COPY . .
-RUN cd cmd/worker && CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/worker .
+# docker build --build-arg REVISION=$(git rev-parse HEAD) records the commit (worker version).
+ARG REVISION=unknown
+RUN cd cmd/worker && CGO_ENABLED=0 go build -trimpath -ldflags="-s -w -X main.revision=${REVISION}" -o /out/worker .
 
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/worker /worker

@@ -8,14 +8,20 @@ import (
 	"github.com/leashq/leash/pool"
 )
 
+// revision is the VCS revision of a build that sets it with
+// -ldflags "-X main.revision=$(git rev-parse HEAD)": the go command records none in workspace
+// mode (a build in this checkout) or with -buildvcs=false. The Dockerfile sets it.
+var revision string
+
 // buildVersion is what `worker version` reports about the binary.
 type buildVersion struct {
 	// Release is the version this binary is of: the module version the go command recorded
 	// when it built the binary from a module download (`go install ...@v0.3.0`), else, for a
 	// build from a checkout, "v" and the library's release constant.
 	Release string
-	// Revision is the VCS revision the binary was built from, "unknown" when the build recorded
-	// none (a build from a module download, or with -buildvcs=false or in workspace mode).
+	// Revision is the VCS revision the binary was built from (the build's vcs.revision, else
+	// main.revision set by the linker), "unknown" when neither says (a build from a module
+	// download, whose Release and Sum identify it, or a checkout build without the flag).
 	Revision string
 	// Modified says the checkout had uncommitted changes at the build.
 	Modified bool
@@ -26,6 +32,9 @@ type buildVersion struct {
 // versionOf reads info, the binary's build information (nil when it has none).
 func versionOf(info *debug.BuildInfo) buildVersion {
 	v := buildVersion{Release: "v" + pool.Release, Revision: "unknown"}
+	if revision != "" {
+		v.Revision = revision
+	}
 	if info == nil {
 		return v
 	}

@@ -2,8 +2,11 @@ package main
 
 import (
 	"os"
+	"os/exec"
+	"path/filepath"
 	"regexp"
 	"runtime/debug"
+	"strings"
 	"testing"
 
 	"github.com/leashq/leash/pool"
@@ -48,5 +51,26 @@ func TestReleaseIsChangelogs(t *testing.T) {
 	}
 	if string(m[1]) != pool.Release {
 		t.Fatalf("CHANGELOG.md's newest release is %s; the binary reports release %s (pool.Release)", m[1], pool.Release)
+	}
+}
+
+// A build that sets main.revision (as the Dockerfile does) reports it: builds in this checkout
+// (workspace mode) get no VCS stamp from the go command.
+func TestVersionRevisionFromLinker(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("builds the binary")
+	}
+	bin := filepath.Join(t.TempDir(), "worker")
+	build := exec.Command("go", "build", "-ldflags=-X main.revision=feedface0123", "-o", bin, ".")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	out, err := exec.Command(bin, "version").CombinedOutput()
+	if err != nil {
+		t.Fatalf("worker version: %v\n%s", err, out)
+	}
+	if want := "worker v" + pool.Release + "\nrevision feedface0123\n"; !strings.HasPrefix(string(out), want) {
+		t.Fatalf("worker version printed\n%s\nwant it to start with\n%s", out, want)
 	}
 }
