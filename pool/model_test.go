@@ -1559,40 +1559,91 @@ func (m *model) check() {
 //  12. A revocation by NOTIFY that reached the worker holding the job (its listener connected,
 //     no kill around, the claim still holding the row well after delivery) is recorded in the
 //     row (DESIGN §1: "records the job cancelled … durable once it lands").
+//
+// checkJob checks one finished job of the model against the invariants of the state machine
+// (numbered 1 to 12), each in a named check of its own.
 func (m *model) checkJob(mj *mjob, r mrow, effects []mledger) {
-	v := func(format string, args ...any) { m.violate(mj, format, args...) }
-	execs := slices.Clone(mj.execs)
-	slices.SortFunc(execs, func(a, b *mexec) int { return int(a.token - b.token) })
-	byToken := map[int64]*mexec{}
-	for _, e := range execs {
+	c := newJobCheck(m, mj, r, effects)
+	c.errorEntries()
+	c.finalStateAndAttempts()
+	c.revocationRecorded()
+	c.notClaimedAfterRevocation()
+	c.notifyRevocationRecorded()
+	c.lostOnlyToTakeover()
+	c.endedLeasesNotRenewed()
+	c.everyEndingAccounted()
+	if !c.finalStateMatchesLastClaim() {
+		return
+	}
+	c.effectsOnce()
+	c.undisturbedCompleteOnce()
+}
+
+// jobCheck is what checkJob's checks share about one job: its row, its handler runs by token,
+// its takeovers and the outcomes written.
+type jobCheck struct {
+	m       *model
+	mj      *mjob
+	r       mrow
+	effects []mledger
+	execs   []*mexec         // the job's handler runs, by token order
+	byToken map[int64]*mexec // the runs by their claim's token
+	// rescuedAt is when each token was taken over; wrote says which tokens wrote an errors entry.
+	rescuedAt map[int64]time.Time
+	wrote     map[int64]bool
+	durable   []mrevoke  // revocations that must leave revoked_at
+	R         *time.Time // revoked_at
+	last      *mexec     // the run of the highest token
+}
+
+func (c *jobCheck) v(format string, args ...any) { c.m.violate(c.mj, format, args...) }
+
+func newJobCheck(m *model, mj *mjob, r mrow, effects []mledger) *jobCheck {
+	c := &jobCheck{m: m, mj: mj, r: r, effects: effects, byToken: map[int64]*mexec{},
+		rescuedAt: map[int64]time.Time{}, wrote: map[int64]bool{}, R: r.revokedAt}
+	c.execs = slices.Clone(mj.execs)
+	slices.SortFunc(c.execs, func(a, b *mexec) int { return int(a.token - b.token) })
+	for _, e := range c.execs {
 		// The handler's goroutines are done; taking the lock orders this with their last writes.
 		e.mu.Lock()
 		token := e.token
 		e.mu.Unlock()
-		byToken[token] = e
+		c.byToken[token] = e
 	}
-	rescuedAt := map[int64]time.Time{}
-	wrote := map[int64]bool{}
-	for i, en := range r.entries {
+	for _, op := range mj.revokes {
+		if op.durable {
+			c.durable = append(c.durable, op)
+		}
+	}
+	if len(c.execs) > 0 {
+		c.last = c.execs[len(c.execs)-1]
+	}
+	return c
+}
+
+// errorEntries checks the errors history (9): each entry cleaned, bounded, said once, and the
+// error of a handler of this job under a token it ran; no token both taken over and written.
+func (c *jobCheck) errorEntries() {
+	for i, en := range c.r.entries {
 		if en.rescue {
-			rescuedAt[en.token] = en.at
-			if e := byToken[en.token]; e != nil && e.attempt != en.attempt {
-				v("rescue entry #%d names attempt %d, its claim ran attempt %d", i+1, en.attempt, e.attempt)
+			c.rescuedAt[en.token] = en.at
+			if e := c.byToken[en.token]; e != nil && e.attempt != en.attempt {
+				c.v("rescue entry #%d names attempt %d, its claim ran attempt %d", i+1, en.attempt, e.attempt)
 			}
 			continue
 		}
 		// 9: cleaned, bounded, the handler's own, under a live token of this job.
 		if len(en.text) > modelMaxStoredText || len(en.stack) > modelMaxStoredText || !utf8.ValidString(en.text) ||
 			strings.ContainsRune(en.text, 0) || strings.ContainsRune(en.stack, 0) {
-			v("errors entry #%d stored uncleaned or unbounded: %d bytes %s", i+1, len(en.text), modelClip(en.text, 60))
+			c.v("errors entry #%d stored uncleaned or unbounded: %d bytes %s", i+1, len(en.text), modelClip(en.text, 60))
 		}
 		if strings.Contains(en.text, "could not be stored") {
-			v("errors entry #%d lost its details: %s", i+1, modelClip(en.text, 120))
+			c.v("errors entry #%d lost its details: %s", i+1, modelClip(en.text, 120))
 		}
 		// 9 (cont.): each cause is said once ("revoked: job revoked: ..." said it twice).
-		for _, c := range []string{"job revoked", "renewal timed out", "job timed out"} {
-			if strings.Count(en.text, c) > 1 {
-				v("errors entry #%d says %q more than once: %s", i+1, c, modelClip(en.text, 120))
+		for _, cause := range []string{"job revoked", "renewal timed out", "job timed out"} {
+			if strings.Count(en.text, cause) > 1 {
+				c.v("errors entry #%d says %q more than once: %s", i+1, cause, modelClip(en.text, 120))
 			}
 		}
 		if strings.HasPrefix(en.text, "job revoked") && strings.HasSuffix(en.text, modelRevokedNote) {
@@ -1600,254 +1651,285 @@ func (m *model) checkJob(mj *mjob, r mrow, effects []mledger) {
 		}
 		mk := modelMarkerRE.FindStringSubmatch(en.text)
 		if mk == nil {
-			v("errors entry #%d is not a handler's error: %s", i+1, modelClip(en.text, 120))
+			c.v("errors entry #%d is not a handler's error: %s", i+1, modelClip(en.text, 120))
 			continue
 		}
 		k, _ := strconv.Atoi(mk[1])
 		tok, _ := strconv.ParseInt(mk[2], 10, 64)
-		e := byToken[tok]
+		e := c.byToken[tok]
 		switch {
-		case k != mj.k:
-			v("errors entry #%d carries job k=%d's error", i+1, k)
+		case k != c.mj.k:
+			c.v("errors entry #%d carries job k=%d's error", i+1, k)
 		case e == nil:
-			v("errors entry #%d written under token %d, which no handler of this job ran", i+1, tok)
+			c.v("errors entry #%d written under token %d, which no handler of this job ran", i+1, tok)
 		case e.attempt != en.attempt:
-			v("errors entry #%d says attempt %d, its claim ran attempt %d", i+1, en.attempt, e.attempt)
+			c.v("errors entry #%d says attempt %d, its claim ran attempt %d", i+1, en.attempt, e.attempt)
 		}
-		wrote[tok] = true
+		c.wrote[tok] = true
 	}
-	for tok := range wrote {
-		if _, ok := rescuedAt[tok]; ok {
-			v("token %d both taken over and its outcome written", tok)
+	for tok := range c.wrote {
+		if _, ok := c.rescuedAt[tok]; ok {
+			c.v("token %d both taken over and its outcome written", tok)
 		}
 	}
-	if r.lastError != nil && (len(*r.lastError) > modelMaxStoredText || strings.ContainsRune(*r.lastError, 0)) {
-		v("last_error stored uncleaned or unbounded: %d bytes", len(*r.lastError))
+	if c.r.lastError != nil && (len(*c.r.lastError) > modelMaxStoredText || strings.ContainsRune(*c.r.lastError, 0)) {
+		c.v("last_error stored uncleaned or unbounded: %d bytes", len(*c.r.lastError))
 	}
 
+}
+
+// finalStateAndAttempts checks 1: one final state, attempts within bounds.
+func (c *jobCheck) finalStateAndAttempts() {
 	// 1: one final state, attempts within bounds.
-	final := r.state == "completed" || r.state == "failed" || r.state == "cancelled"
-	if !final || r.token != nil || r.finishedAt == nil {
-		v("not final: state %s, token %v, finished_at %v", r.state, r.token, r.finishedAt)
+	final := c.r.state == "completed" || c.r.state == "failed" || c.r.state == "cancelled"
+	if !final || c.r.token != nil || c.r.finishedAt == nil {
+		c.v("not final: state %s, token %v, finished_at %v", c.r.state, c.r.token, c.r.finishedAt)
 	}
-	if r.max != mj.max || r.attempt > r.max {
-		v("attempt %d of max %d (model max %d)", r.attempt, r.max, mj.max)
+	if c.r.max != c.mj.max || c.r.attempt > c.r.max {
+		c.v("attempt %d of max %d (model max %d)", c.r.attempt, c.r.max, c.mj.max)
 	}
 	handbacks := 0
-	for _, e := range execs {
+	for _, e := range c.execs {
 		if !e.ok() && modelIsCause(e.causeAtReturn, lease.ErrShutdown) {
 			handbacks++
 		}
-		if e.attempt < 1 || e.attempt > mj.max {
-			v("token %d ran attempt %d of max %d", e.token, e.attempt, mj.max)
+		if e.attempt < 1 || e.attempt > c.mj.max {
+			c.v("token %d ran attempt %d of max %d", e.token, e.attempt, c.mj.max)
 		}
 	}
-	if len(execs) > r.attempt+handbacks {
-		v("%d handler runs for %d attempts and at most %d hand-backs", len(execs), r.attempt, handbacks)
+	if len(c.execs) > c.r.attempt+handbacks {
+		c.v("%d handler runs for %d attempts and at most %d hand-backs", len(c.execs), c.r.attempt, handbacks)
 	}
 
+}
+
+// revocationRecorded checks 2: a durable revocation leaves revoked_at, and only a revocation does.
+func (c *jobCheck) revocationRecorded() {
 	// 2: revocation.
-	var durable []mrevoke
-	for _, op := range mj.revokes {
-		if op.durable {
-			durable = append(durable, op)
-		}
+	if len(c.durable) > 0 && c.R == nil {
+		c.v("a c.durable revocation (%s at %s) left no revoked_at", c.durable[0].how, c.m.rel(c.durable[0].start))
 	}
-	R := r.revokedAt
-	if len(durable) > 0 && R == nil {
-		v("a durable revocation (%s at %s) left no revoked_at", durable[0].how, m.rel(durable[0].start))
+	if c.R != nil && len(c.mj.revokes) == 0 {
+		c.v("revoked_at set (%s) though nothing revoked it (forged %d, wrong-token %d)", c.m.rel(*c.R), len(c.mj.forged), c.mj.wrong)
 	}
-	if R != nil && len(mj.revokes) == 0 {
-		v("revoked_at set (%s) though nothing revoked it (forged %d, wrong-token %d)", m.rel(*R), len(mj.forged), mj.wrong)
+	if c.r.state == "cancelled" && c.R == nil {
+		c.v("cancelled without revoked_at")
 	}
-	if r.state == "cancelled" && R == nil {
-		v("cancelled without revoked_at")
-	}
-	if R != nil && r.state == "failed" {
-		v("revoked (at %s) but ended failed", m.rel(*R))
+	if c.R != nil && c.r.state == "failed" {
+		c.v("revoked (at %s) but ended failed", c.m.rel(*c.R))
 	}
 
+}
+
+// notClaimedAfterRevocation checks 3: never claimed after the revocation committed.
+func (c *jobCheck) notClaimedAfterRevocation() {
 	// 3: never claimed after the revocation committed.
-	if R != nil {
-		bound := *R
-		for _, op := range durable {
-			if !R.Before(op.start.Add(-modelEps)) && !R.After(op.end.Add(modelEps)) && op.end.After(bound) {
+	if c.R != nil {
+		bound := *c.R
+		for _, op := range c.durable {
+			if !c.R.Before(op.start.Add(-modelEps)) && !c.R.After(op.end.Add(modelEps)) && op.end.After(bound) {
 				bound = op.end
 			}
 		}
-		for _, e := range execs {
+		for _, e := range c.execs {
 			if e.attemptedAt.After(bound.Add(modelEps)) {
-				v("claimed again (token %d at %s) after its revocation committed (revoked_at %s, bound %s)",
-					e.token, m.rel(e.attemptedAt), m.rel(*R), m.rel(bound))
+				c.v("claimed again (token %d at %s) after its revocation committed (revoked_at %s, bound %s)",
+					e.token, c.m.rel(e.attemptedAt), c.m.rel(*c.R), c.m.rel(bound))
 			}
 		}
 	}
 
+}
+
+// notifyRevocationRecorded checks 12: a NOTIFY revocation that reached its holder is recorded.
+func (c *jobCheck) notifyRevocationRecorded() {
 	// 12: a revocation by NOTIFY that reached the worker holding the job is recorded. Only
 	// notifications that cannot have been lost count: sent while the holder's listener was
 	// connected, with no listener kill around, naming the claim that still held the row (not
 	// taken over, its handler still running, no effect committed) well after delivery.
 	{
-		for _, op := range mj.revokes {
-			e := byToken[op.token]
+		for _, op := range c.mj.revokes {
+			e := c.byToken[op.token]
 			if (op.how != "notify" && op.how != "notify-token") || op.holder == nil || !op.connected || e == nil || e.effect {
 				continue
 			}
 			delivered := op.end.Add(modelDeliver)
-			at, rescued := rescuedAt[op.token]
+			at, rescued := c.rescuedAt[op.token]
 			stopped := !e.pool.shutdownAt.IsZero() && e.pool.shutdownAt.Before(delivered)
-			if stopped || (rescued && at.Before(delivered)) || !e.returned.After(delivered) || m.killedNear(op.start, delivered) {
+			if stopped || (rescued && at.Before(delivered)) || !e.returned.After(delivered) || c.m.killedNear(op.start, delivered) {
 				continue
 			}
-			m.deliveredChecked++
+			c.m.deliveredChecked++
 			if e.causeSeen != nil && e.causeAt.Before(op.start) && !modelIsCause(e.causeSeen, lease.ErrRevoked) {
-				m.deliveredEnded++
+				c.m.deliveredEnded++
 			}
-			if R != nil {
+			if c.R != nil {
 				continue
 			}
-			v("revocation by %s at %s reached worker %s, whose claim (token %d, lease %s since %s) held the row until after %s, "+
-				"but was never recorded: the job went on (%s at attempt %d)", op.how, m.rel(op.start), op.holder.id, op.token,
-				modelCauseName(e.causeSeen), m.rel(e.causeAt), m.rel(delivered), r.state, r.attempt)
+			c.v("revocation by %s at %s reached worker %s, whose claim (token %d, lease %s since %s) held the row until after %s, "+
+				"but was never recorded: the job went on (%s at attempt %d)", op.how, c.m.rel(op.start), op.holder.id, op.token,
+				modelCauseName(e.causeSeen), c.m.rel(e.causeAt), c.m.rel(delivered), c.r.state, c.r.attempt)
 		}
 	}
 
+}
+
+// lostOnlyToTakeover checks 7: a lease is lost only to a real takeover.
+func (c *jobCheck) lostOnlyToTakeover() {
 	// 7: lost only to a real takeover (or after its own completion committed).
-	for _, e := range execs {
+	for _, e := range c.execs {
 		if !modelIsCause(e.causeSeen, lease.ErrLost) {
 			continue
 		}
-		at, rescued := rescuedAt[e.token]
+		at, rescued := c.rescuedAt[e.token]
 		switch {
 		case rescued && !at.After(e.causeAt.Add(modelEps)):
 		case e.effect && !e.commitStart.After(e.causeAt.Add(modelEps)):
 		default:
-			v("token %d lost its lease at %s without a takeover before it (takeover at %s; forged takeovers %v)",
-				e.token, m.rel(e.causeAt), m.rel(at), mj.forged)
+			c.v("token %d lost its lease at %s without a takeover before it (takeover at %s; forged takeovers %v)",
+				e.token, c.m.rel(e.causeAt), c.m.rel(at), c.mj.forged)
 		}
 	}
+}
+
+// endedLeasesNotRenewed checks 8: ended leases are not renewed.
+func (c *jobCheck) endedLeasesNotRenewed() {
 	// 8: ended leases are not renewed.
-	for _, e := range execs {
+	for _, e := range c.execs {
 		if e.heldChecked && e.heldAtReturn {
-			v("token %d still held %s after its lease ended (%s): renewed after its end", e.token,
+			c.v("token %d still held %s after its lease ended (%s): renewed after its end", e.token,
 				e.heldAfter.Round(time.Millisecond), modelCauseName(e.causeSeen))
 		}
 	}
 
+}
+
+// everyEndingAccounted checks 6: every ending of a handler run left its trace.
+func (c *jobCheck) everyEndingAccounted() {
 	// 6: every ending accounted for.
-	var last *mexec
-	if len(execs) > 0 {
-		last = execs[len(execs)-1]
-	}
-	for _, e := range execs {
-		if e == last && r.state == "completed" {
+	for _, e := range c.execs {
+		if e == c.last && c.r.state == "completed" {
 			continue
 		}
-		_, rescued := rescuedAt[e.token]
+		_, rescued := c.rescuedAt[e.token]
 		handback := !e.ok() && modelIsCause(e.causeAtReturn, lease.ErrShutdown)
 		lost := modelIsCause(e.causeAtReturn, lease.ErrLost) || modelIsCause(e.causeAtReturn, lease.ErrRevoked)
-		if !rescued && !wrote[e.token] && !handback && !(e == last && r.state == "cancelled") {
-			v("token %d's ending (%s, cause %s) left no trace: no entry, no hand-back, no takeover",
-				e.token, m.result(e), modelCauseName(e.causeAtReturn))
+		if !rescued && !c.wrote[e.token] && !handback && !(e == c.last && c.r.state == "cancelled") {
+			c.v("token %d's ending (%s, cause %s) left no trace: no entry, no hand-back, no takeover",
+				e.token, c.m.result(e), modelCauseName(e.causeAtReturn))
 		}
-		if e.ok() && !lost && !rescued && !(e == last && r.state == "cancelled") {
-			v("token %d returned success under its lease (cause %s) but neither completed the job nor was taken over",
+		if e.ok() && !lost && !rescued && !(e == c.last && c.r.state == "cancelled") {
+			c.v("token %d returned success under its lease (cause %s) but neither completed the job nor was taken over",
 				e.token, modelCauseName(e.causeAtReturn))
 		}
 	}
 
-	// 4, 5: the final state against the last claim.
-	switch r.state {
+}
+
+// finalStateMatchesLastClaim checks 4 and 5: the final state against the last claim. It reports
+// whether the remaining checks apply (a job that ended without any handler run has no effects to check).
+func (c *jobCheck) finalStateMatchesLastClaim() bool {
+	// 4, 5: the final state against the c.last claim.
+	switch c.r.state {
 	case "completed", "failed":
-		if last == nil {
-			v("%s without any handler run", r.state)
-			return
+		if c.last == nil {
+			c.v("%s without any handler run", c.r.state)
+			return false
 		}
 	}
-	switch r.state {
+	switch c.r.state {
 	case "completed":
-		if !last.ok() && !last.effect {
-			v("completed, but its last claim (token %d) returned %s without committing an effect", last.token, m.result(last))
+		if !c.last.ok() && !c.last.effect {
+			c.v("completed, but its c.last claim (token %d) returned %s without committing an effect", c.last.token, c.m.result(c.last))
 		}
-		if !last.step.succeeds() {
-			v("completed by step %s, which never succeeds", last.step)
+		if !c.last.step.succeeds() {
+			c.v("completed by step %s, which never succeeds", c.last.step)
 		}
-		if !last.effect && (modelIsCause(last.causeAtReturn, lease.ErrRevoked) || modelIsCause(last.causeAtReturn, lease.ErrLost)) {
-			v("completed by token %d, whose lease was %s when it returned", last.token, modelCauseName(last.causeAtReturn))
+		if !c.last.effect && (modelIsCause(c.last.causeAtReturn, lease.ErrRevoked) || modelIsCause(c.last.causeAtReturn, lease.ErrLost)) {
+			c.v("completed by token %d, whose lease was %s when it returned", c.last.token, modelCauseName(c.last.causeAtReturn))
 		}
-		if !last.effect && last.causeAtReturn != nil && last.returned.Sub(last.causeAt) > modelLease+modelExpirySlack {
-			v("token %d's success, returned %s after its lease ended (%s), was written: the ended lease was kept",
-				last.token, last.returned.Sub(last.causeAt).Round(time.Millisecond), modelCauseName(last.causeAtReturn))
+		if !c.last.effect && c.last.causeAtReturn != nil && c.last.returned.Sub(c.last.causeAt) > modelLease+modelExpirySlack {
+			c.v("token %d's success, returned %s after its lease ended (%s), was written: the ended lease was kept",
+				c.last.token, c.last.returned.Sub(c.last.causeAt).Round(time.Millisecond), modelCauseName(c.last.causeAtReturn))
 		}
-		if R != nil {
-			if len(effects) > 0 {
-				v("effect committed although the job was revoked (revoked_at %s)", m.rel(*R))
+		if c.R != nil {
+			if len(c.effects) > 0 {
+				c.v("effect committed although the job was revoked (revoked_at %s)", c.m.rel(*c.R))
 			}
-			first := last.returned
-			if !last.causeAt.IsZero() && last.causeAt.Before(first) {
-				first = last.causeAt
+			first := c.last.returned
+			if !c.last.causeAt.IsZero() && c.last.causeAt.Before(first) {
+				first = c.last.causeAt
 			}
-			if first.After(R.Add(modelReach)) {
-				v("completed although the revocation (revoked_at %s) should have reached token %d by %s; it returned at %s",
-					m.rel(*R), last.token, m.rel(R.Add(modelReach)), m.rel(last.returned))
+			if first.After(c.R.Add(modelReach)) {
+				c.v("completed although the revocation (revoked_at %s) should have reached token %d by %s; it returned at %s",
+					c.m.rel(*c.R), c.last.token, c.m.rel(c.R.Add(modelReach)), c.m.rel(c.last.returned))
 			}
 		}
 	case "failed":
-		if at, ok := rescuedAt[last.token]; ok {
+		if at, ok := c.rescuedAt[c.last.token]; ok {
 			forced := false
-			for _, f := range mj.forced {
-				forced = forced || f.token == last.token
+			for _, f := range c.mj.forced {
+				forced = forced || f.token == c.last.token
 			}
-			if r.attempt < r.max {
-				v("failed by the takeover of attempt %d of %d", r.attempt, r.max)
+			if c.r.attempt < c.r.max {
+				c.v("failed by the takeover of attempt %d of %d", c.r.attempt, c.r.max)
 			}
-			if !forced && (last.causeSeen == nil || last.causeAt.After(at.Add(modelLate))) {
-				v("token %d taken over at %s though its lease neither ended nor was forced to expire", last.token, m.rel(at))
+			if !forced && (c.last.causeSeen == nil || c.last.causeAt.After(at.Add(modelLate))) {
+				c.v("token %d taken over at %s though its lease neither ended nor was forced to expire", c.last.token, c.m.rel(at))
 			}
 		} else {
-			if !wrote[last.token] || last.ok() {
-				v("failed, but not by its last claim's failure (token %d returned %s)", last.token, m.result(last))
+			if !c.wrote[c.last.token] || c.last.ok() {
+				c.v("failed, but not by its c.last claim's failure (token %d returned %s)", c.last.token, c.m.result(c.last))
 			}
-			if !last.step.permanent() && r.attempt < r.max {
-				v("failed at attempt %d of %d by a step (%s) that is not permanent", r.attempt, r.max, last.step)
+			if !c.last.step.permanent() && c.r.attempt < c.r.max {
+				c.v("failed at attempt %d of %d by a step (%s) that is not permanent", c.r.attempt, c.r.max, c.last.step)
 			}
-			if !last.step.permanent() && !slices.Contains([]mact{actFail, actRetryAfter, actPanic, actHostile, actBlock,
-				actBlockDeaf, actDeaf, actDeafLong, actEffectErr}, last.step.act) && last.causeSeen == nil {
-				v("step %s failed though its context was never cancelled", last.step)
+			if !c.last.step.permanent() && !slices.Contains([]mact{actFail, actRetryAfter, actPanic, actHostile, actBlock,
+				actBlockDeaf, actDeaf, actDeafLong, actEffectErr}, c.last.step.act) && c.last.causeSeen == nil {
+				c.v("step %s failed though its context was never cancelled", c.last.step)
 			}
 		}
 	}
 
-	// 10: effects.
-	if len(effects) > 1 {
-		v("%d effects committed", len(effects))
+	return true
+}
+
+// effectsOnce checks 10: at most one effect, the completing claim's.
+func (c *jobCheck) effectsOnce() {
+	// 10: c.effects.
+	if len(c.effects) > 1 {
+		c.v("%d c.effects committed", len(c.effects))
 	}
-	for _, l := range effects {
+	for _, l := range c.effects {
 		switch {
-		case r.state != "completed":
-			v("effect (token %d) committed for a job that ended %s", l.token, r.state)
-		case last == nil || l.token != last.token:
-			v("effect committed under token %d, not the completing claim's", l.token)
+		case c.r.state != "completed":
+			c.v("effect (token %d) committed for a job that ended %s", l.token, c.r.state)
+		case c.last == nil || l.token != c.last.token:
+			c.v("effect committed under token %d, not the completing claim's", l.token)
 		}
-		if _, ok := rescuedAt[l.token]; ok {
-			v("effect committed under token %d, which was taken over", l.token)
+		if _, ok := c.rescuedAt[l.token]; ok {
+			c.v("effect committed under token %d, which was taken over", l.token)
 		}
 	}
-	for _, e := range execs {
-		if e.effect && (len(effects) != 1 || effects[0].token != e.token) {
-			v("token %d committed its effect but the ledger has %d rows", e.token, len(effects))
+	for _, e := range c.execs {
+		if e.effect && (len(c.effects) != 1 || c.effects[0].token != e.token) {
+			c.v("token %d committed its effect but the ledger has %d rows", e.token, len(c.effects))
 		}
 	}
 
+}
+
+// undisturbedCompleteOnce checks 11: undisturbed jobs complete once.
+func (c *jobCheck) undisturbedCompleteOnce() {
 	// 11: undisturbed jobs complete once.
-	if m.undisturbed(mj, execs) {
-		if r.state != "completed" || r.attempt != 1 || len(execs) != 1 || len(r.entries) != 0 {
-			v("undisturbed success-only job ended %s at attempt %d after %d runs with %d errors entries",
-				r.state, r.attempt, len(execs), len(r.entries))
+	if c.m.undisturbed(c.mj, c.execs) {
+		if c.r.state != "completed" || c.r.attempt != 1 || len(c.execs) != 1 || len(c.r.entries) != 0 {
+			c.v("undisturbed success-only job ended %s at attempt %d after %d runs with %d errors entries",
+				c.r.state, c.r.attempt, len(c.execs), len(c.r.entries))
 		}
-		for _, e := range execs {
+		for _, e := range c.execs {
 			if e.causeSeen != nil && !(e.effect && modelIsCause(e.causeSeen, lease.ErrLost)) {
-				v("undisturbed job's token %d was cancelled: %s", e.token, modelCauseName(e.causeSeen))
+				c.v("undisturbed job's token %d was cancelled: %s", e.token, modelCauseName(e.causeSeen))
 			}
 		}
 	}
