@@ -346,16 +346,28 @@ func (p *Pool) Run(ctx context.Context) error {
 		grace, cancel = context.WithTimeout(context.Background(), p.cfg.ShutdownTimeout)
 		defer cancel()
 	}
-	if cancelled, abandoned := p.drain(grace); cancelled > 0 {
-		p.stopErr = fmt.Errorf("pool: stopped after %d running jobs were cancelled with lease.ErrShutdown (%d of them abandoned, left to their leases) when the grace period ended: %w",
+	if cancelled, abandoned := p.drain(grace); cancelled > 0 || abandoned > 0 {
+		// abandoned counts every handler left running, also one whose lease had ended before the
+		// grace period did (a timeout, a revocation), which shutdown did not cancel itself.
+		p.stopErr = fmt.Errorf("pool: stopped after %d running jobs were cancelled with lease.ErrShutdown when the grace period ended, and %d handlers that did not return were abandoned, their jobs left to their leases: %w",
 			cancelled, abandoned, ErrJobsCancelled)
 	}
 	p.outcomes.Wait()
 	close(stopFinisher)
 	<-finisherDone
-	if p.events != nil && !p.events.close(p.cfg.ShutdownTimeout) {
-		p.log.Warn("the Observer did not take the last job events within the shutdown timeout; stopping without them",
-			slog.Duration("shutdown_timeout", p.cfg.ShutdownTimeout))
+	if p.events != nil {
+		// Shutdown's context bounds the wait too: once it is done, the Observer gets at most
+		// ShutdownStallWait more, so a blocked one cannot hold Shutdown for ShutdownTimeout.
+		var stop <-chan struct{}
+		select {
+		case <-p.shutdownCh:
+			stop = p.shutdownCtx.Done()
+		default:
+		}
+		if delivered, dropped := p.events.close(p.cfg.ShutdownTimeout, stop, p.cfg.ShutdownStallWait); !delivered {
+			p.log.Warn("the Observer did not take the last job events in time; stopping without them",
+				slog.Int("dropped", dropped), slog.Duration("shutdown_timeout", p.cfg.ShutdownTimeout))
+		}
 	}
 	stopServices()
 	services.Wait()
@@ -367,8 +379,11 @@ func (p *Pool) Run(ctx context.Context) error {
 // with lease.ErrShutdown and hands their jobs back (available, the attempt not counted) so that
 // another worker starts them at once. It returns when Run has returned: nil when every running
 // job finished on its own, or an error matching ErrJobsCancelled (and saying how many) when ctx
-// ended first and jobs were cancelled. A ctx that is already done stops at once. Only the first
-// call's ctx bounds the wait; later calls wait for the same stop and return the same result.
+// ended first and jobs were cancelled, or a handler that did not return was abandoned (also one
+// whose lease had ended before, by its timeout or a revocation). A ctx that is already done stops
+// at once; after it is done, Run waits at most Config.ShutdownStallWait for handlers that ignore
+// cancellation and as long again for the Observer. Only the first call's ctx bounds the wait;
+// later calls wait for the same stop and return the same result.
 func (p *Pool) Shutdown(ctx context.Context) error {
 	p.shutdownOnce.Do(func() {
 		p.shutdownCtx = ctx
