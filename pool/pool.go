@@ -273,7 +273,8 @@ func (p *Pool) Busy() int { return int(p.active.Load()) }
 
 // Run works jobs until ctx is cancelled or Shutdown is called. When ctx is cancelled, running
 // jobs get Config.ShutdownTimeout to finish before they are cancelled with lease.ErrShutdown and
-// handed back. Run returns nil after a clean stop.
+// handed back. Run returns nil after a stop, also when running jobs had to be cancelled at
+// its end (Shutdown's error says so: ErrJobsCancelled).
 //
 // Before it claims anything, Run checks the database's settings that leash cannot override on
 // its connections and fails (wrapping ErrDatabaseSettings, a *SettingError naming the setting
