@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -420,5 +421,27 @@ ignore_startup_parameters = extra_float_digits
 	}
 	if strings.Contains(logs.String(), `"level":"WARN"`) || strings.Contains(logs.String(), `"level":"ERROR"`) {
 		t.Fatalf("worker logged problems behind PgBouncer:\n%s\npgbouncer:\n%s", logs.String(), bouncerLog.String())
+	}
+}
+
+// The commands that read leash's tables, on a database nobody migrated, say to migrate.
+func TestCommandsOnAnUnmigratedDatabaseSayMigrate(t *testing.T) {
+	t.Parallel()
+	env := envOf("DATABASE_URL", pgtest.EmptyURL(t))
+	for _, args := range [][]string{{"status"}, {"status", "1"}, {"queue", "list"}, {"schedule", "list"}, {"retry", "1"}} {
+		_, err := runCmd(t, env, args...)
+		if err == nil || !strings.Contains(err.Error(), "run `worker migrate` first") {
+			t.Errorf("worker %s on an unmigrated database: %v", strings.Join(args, " "), err)
+		}
+	}
+}
+
+// JSON logs write durations as text.
+func TestJSONLogDurationsAreText(t *testing.T) {
+	t.Parallel()
+	var buf bytes.Buffer
+	newLogger(env{LogFormat: "json"}, &buf).Info("x", slog.Duration("timeout", 30*time.Second))
+	if !strings.Contains(buf.String(), `"timeout":"30s"`) {
+		t.Fatalf("JSON log %s", buf.String())
 	}
 }

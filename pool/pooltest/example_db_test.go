@@ -6,10 +6,10 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/leashq/leash/internal/pgtest"
+	"github.com/leashq/leash/pool/pooltest"
 )
 
-// exampleTB lets examples, which have no *testing.T, take a database from pgtest: a failure
+// exampleTB lets examples, which have no *testing.T, take a database from pooltest.Database: a failure
 // panics, and cleanups run when the example calls done.
 type exampleTB struct {
 	testing.TB
@@ -23,7 +23,7 @@ func (e *exampleTB) Fatalf(format string, args ...any) { panic(fmt.Sprintf(forma
 // exampleDB is a fresh migrated database of the test suite, for examples; done closes it.
 func exampleDB() (db *pgxpool.Pool, done func()) {
 	tb := &exampleTB{}
-	db = pgtest.Pool(tb)
+	db = pooltest.Database(tb)
 	return db, func() {
 		for i := len(tb.cleanups) - 1; i >= 0; i-- {
 			tb.cleanups[i]()

@@ -39,11 +39,18 @@ type serverInfo struct {
 	template string
 }
 
-// Main runs the tests and then stops the private cluster, if one was started.
+// Main runs the tests and then stops the private cluster, if one was started, or drops the
+// template database it made on an external server.
 func Main(m *testing.M) {
 	code := m.Run()
 	if server != nil && server.cluster != nil {
 		server.cluster.Close()
+	} else if server != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		if err := exec(ctx, server.admin, "DROP DATABASE IF EXISTS "+server.template); err != nil {
+			fmt.Fprintf(os.Stderr, "pgtest: drop the template database %s: %v\n", server.template, err)
+		}
+		cancel()
 	}
 	os.Exit(code)
 }
