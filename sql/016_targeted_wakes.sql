@@ -5,7 +5,8 @@
 -- trigger picks waiters of the queue, marks them woken and notifies each on its channel with the
 -- queue's name, until their free slots cover the statement's runnable rows.
 -- A wake is a hint. A picked waiter stays marked (woken_at) until it claims or refreshes its
--- registration, so a dead, stopped or stuck worker is picked once, not again, and its row
+-- registration, so a dead, stopped or stuck worker is picked once, not again (only while no
+-- other waiter is left, within a second of its pick, is it notified once more), and its row
 -- expires; every waiter still polls, so a job whose wake went nowhere waits at most for the next
 -- poll of another waiter. Rows are picked FOR NO KEY UPDATE SKIP LOCKED: concurrent inserters
 -- pick different waiters and never wait for each other on leash.waiters, and the mark is undone
@@ -102,6 +103,26 @@ BEGIN
             EXIT WHEN need <= 0;
         END LOOP;
         CLOSE w;
+        IF need > 0 THEN
+            -- Every waiter is picked already: notify again those picked within the last second,
+            -- most recent first. They are claiming or about to (a claim in flight may have
+            -- missed these rows: a wake while it runs makes them claim again); one picked longer
+            -- ago that has not claimed since is taken for gone and never notified again.
+            OPEN w FOR
+                SELECT x.wake_channel, x.slots FROM leash.waiters x
+                WHERE x.queue = q AND x.wake_channel IS NOT NULL AND x.expires_at > now()
+                  AND x.woken_at > now() - interval '1 second'
+                ORDER BY x.woken_at DESC
+                FOR NO KEY UPDATE SKIP LOCKED;
+            LOOP
+                FETCH w INTO ch, sl;
+                EXIT WHEN NOT FOUND;
+                sent := pg_notify(ch, q) IS NOT NULL;
+                need := need - greatest(coalesce(sl, 1), 1);
+                EXIT WHEN need <= 0;
+            END LOOP;
+            CLOSE w;
+        END IF;
     END LOOP;
     RETURN NULL;
 END;

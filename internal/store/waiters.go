@@ -45,7 +45,8 @@ type Wake struct {
 	// slots cover its rows.
 	Slots int
 	// Armed: the waiter may be picked (its listener is connected). A registration that is not
-	// armed keeps the waiter out of the picks (a new one starts out marked woken) while it polls.
+	// armed keeps the waiter out of the picks while it polls (a new one starts out as picked
+	// long ago).
 	Armed bool
 }
 
@@ -59,11 +60,11 @@ func RegisterWaker(ctx context.Context, db DBTX, waiter string, queues []string,
 			WHERE expires_at < now() - interval '10 minutes' OR (waiter = $1 AND queue <> ALL($2::text[]))
 		)
 		INSERT INTO leash.waiters AS w (queue, waiter, expires_at, wake_channel, slots, woken_at)
-		SELECT q, $1, now() + $3 * interval '1 millisecond', $4, $5, CASE WHEN $6::boolean THEN NULL ELSE now() END
+		SELECT q, $1, now() + $3 * interval '1 millisecond', $4, $5, CASE WHEN $6::boolean THEN NULL ELSE '-infinity'::timestamptz END
 		FROM unnest($2::text[]) AS q
 		ON CONFLICT (queue, waiter) DO UPDATE SET expires_at = excluded.expires_at,
 			wake_channel = excluded.wake_channel, slots = excluded.slots,
-			woken_at = CASE WHEN $6::boolean THEN NULL ELSE coalesce(w.woken_at, now()) END`,
+			woken_at = CASE WHEN $6::boolean THEN NULL ELSE coalesce(w.woken_at, '-infinity') END`,
 		waiter, queues, millis(ttl), wake.Channel, max(wake.Slots, 1), wake.Armed)
 	if err != nil {
 		return fmt.Errorf("register as waiting for work: %w", err)

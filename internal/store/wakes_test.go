@@ -81,10 +81,18 @@ func TestInsertPicksOneWaiter(t *testing.T) {
 	if !slices.Equal(picked, chans) {
 		t.Fatalf("four inserts picked %v, want each waiter once", picked)
 	}
-	// Every waiter is picked: nobody is notified until one re-arms.
+	// Every waiter is picked: the one picked last, within the last second, is notified again
+	// (it may be claiming already; a wake makes it claim once more).
+	exec(t, db, `INSERT INTO leash.jobs (kind) VALUES ('k')`)
+	if g := got(); len(g) != 1 {
+		t.Fatalf("an insert with every waiter picked just now sent %v, want one wake", g)
+	}
+	// Picked over a second ago and silent since: taken for gone, never notified again until it
+	// re-arms.
+	exec(t, db, `UPDATE leash.waiters SET woken_at = woken_at - interval '2 seconds'`)
 	exec(t, db, `INSERT INTO leash.jobs (kind) VALUES ('k')`)
 	if g := got(); len(g) != 0 {
-		t.Fatalf("an insert with every waiter picked sent %v", g)
+		t.Fatalf("an insert with every waiter picked long ago sent %v", g)
 	}
 	if err := store.RearmWaiter(ctx, db, "w2", 1); err != nil {
 		t.Fatal(err)
@@ -94,6 +102,10 @@ func TestInsertPicksOneWaiter(t *testing.T) {
 		t.Fatalf("after w2 re-armed an insert sent %v, want one wake for w2", g)
 	}
 	// A refresh of an armed registration re-arms; one not armed (its listener down) does not.
+	exec(t, db, `UPDATE leash.waiters SET woken_at = woken_at - interval '2 seconds'`)
+	if err := store.RegisterWaker(ctx, db, "w9", []string{"default"}, time.Hour, store.Wake{Channel: "leash_wake_00000000000000ff"}); err != nil {
+		t.Fatal(err)
+	}
 	if err := store.RegisterWaker(ctx, db, "w1", []string{"default"}, time.Hour, store.Wake{Channel: chans[1], Slots: 1}); err != nil {
 		t.Fatal(err)
 	}
@@ -134,8 +146,14 @@ func TestMultiRowInsertPicksEnoughWaiters(t *testing.T) {
 		t.Fatalf("rows scheduled for later woke %d waiters", n)
 	}
 	exec(t, db, `INSERT INTO leash.jobs (kind) SELECT 'k' FROM generate_series(1, 1000)`)
-	if n := wokenCount(); n != len(chans)-3 {
-		t.Fatalf("1000 rows woke %d waiters, want the %d left", n, len(chans)-3)
+	// The three left, and the three picked just now once more.
+	if n := wokenCount(); n != len(chans) {
+		t.Fatalf("1000 rows woke %d waiters, want all %d", n, len(chans))
+	}
+	exec(t, db, `UPDATE leash.waiters SET woken_at = woken_at - interval '2 seconds'`)
+	exec(t, db, `INSERT INTO leash.jobs (kind) SELECT 'k' FROM generate_series(1, 10)`)
+	if n := wokenCount(); n != 0 {
+		t.Fatalf("rows with every waiter picked long ago woke %d", n)
 	}
 }
 
