@@ -250,3 +250,24 @@ func TestPreviousReleaseWaiterIsStillWoken(t *testing.T) {
 		t.Fatalf("%d job_available notifications for one insert while a previous-release worker waits, want 1", n)
 	}
 }
+
+// A picked pool whose claim finds nothing (another worker took the job first) may be picked
+// again at once, not only after its next poll.
+func TestPickedPoolThatFindsNothingWaitsAgain(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	ctx := context.Background()
+	cfg := fastConfig()
+	cfg.PollInterval = time.Minute
+	ps, _ := fleet(t, db, 1, cfg, map[string]pool.Handler{"noop": noop()})
+	settle(t, ps)
+	var ch string
+	// As an insert that picked it does, for a job another worker then took.
+	if err := db.QueryRow(ctx, `UPDATE leash.waiters SET woken_at = now() RETURNING wake_channel`).Scan(&ch); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(ctx, `SELECT pg_notify($1, 'default')`, ch); err != nil {
+		t.Fatal(err)
+	}
+	waitPickable(t, db, 1)
+}

@@ -113,6 +113,10 @@ func TestInsertPicksOneWaiter(t *testing.T) {
 	if g := got(); len(g) != 0 {
 		t.Fatalf("a registration that is not armed was picked: %v", g)
 	}
+	var w9 string
+	if err := db.QueryRow(ctx, `SELECT woken_at::text FROM leash.waiters WHERE waiter = 'w9'`).Scan(&w9); err != nil || w9 != "-infinity" {
+		t.Fatalf("a new registration that is not armed: woken_at %q (%v), want -infinity (never picked)", w9, err)
+	}
 	if err := store.RegisterWaker(ctx, db, "w1", []string{"default"}, time.Hour, store.Wake{Channel: chans[1], Slots: 1, Armed: true}); err != nil {
 		t.Fatal(err)
 	}
@@ -167,18 +171,21 @@ func TestConcurrentInsertsPickDifferentWaiters(t *testing.T) {
 	ctx := context.Background()
 	chans, got := wakeListener(t, url, db, 2, 1)
 	got()
-	tx, err := db.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	exec(t, tx, `INSERT INTO leash.jobs (kind) VALUES ('k')`)
 	hint, err := db.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer hint.Rollback(ctx)
 	exec(t, hint, `SELECT FROM leash.waiting_hint_lock FOR UPDATE`)
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	exec(t, tx, `SET LOCAL statement_timeout = '2s'`)
+	if _, err := tx.Exec(ctx, `INSERT INTO leash.jobs (kind) VALUES ('k')`); err != nil {
+		t.Fatalf("an insert while a registration holds the hint's lock: %v", err)
+	}
 	c, err := db.Acquire(ctx)
 	if err != nil {
 		t.Fatal(err)
