@@ -35,6 +35,7 @@ var (
 	flagFleetRiver  = flag.Bool("fleet-river", true, "fleet: run River beside")
 	flagFleetIdleN  = flag.Int("fleet-idle-procs", 32, "fleet: idle worker processes in the idle-cost part")
 	flagFleetHerdPs = flag.Int("fleet-herd-slots", 4, "fleet: slots of each process in the herd and idle parts")
+	flagFleetSettle = flag.Duration("fleet-settle", 11*time.Second, "fleet: wait before and after the herd's inserts, so that pg_stat_database has every backend's commits (idle backends report them within 10s)")
 )
 
 // fleetStats is what a leash child reports when it stops.
@@ -193,7 +194,7 @@ func (b *bench) fleetHerd(ctx context.Context) {
 				rc = newRiver(db, 1, riverTuned, nil) // an insert-only client
 				time.Sleep(2 * time.Second)           // leader election, listeners
 			}
-			time.Sleep(1500 * time.Millisecond) // past the registrations' claims and a stats flush
+			time.Sleep(*flagFleetSettle) // past start-up and its statistics
 			c0 := commits(ctx, db)
 			tick := time.NewTicker(time.Second / time.Duration(rate))
 			for range n {
@@ -211,7 +212,7 @@ func (b *bench) fleetHerd(ctx context.Context) {
 			tick.Stop()
 			table := map[string]string{"river": "river_job", "leash": "leash.jobs"}[system]
 			waitCompleted(ctx, db, table, n)
-			time.Sleep(1500 * time.Millisecond)
+			time.Sleep(*flagFleetSettle)
 			c1 := commits(ctx, db)
 			s := f.stop()
 			sys := fmt.Sprintf("%s × %d", name, procs)
@@ -227,7 +228,8 @@ func (b *bench) fleetHerd(ctx context.Context) {
 				}
 				b.add(r)
 			}
-			// Inserts included: one commit each.
+			// Inserts included (one commit each), and the fleet's idle commits over the window
+			// (the inserts plus -fleet-settle).
 			b.add(row{scenario: scenario, system: sys, metric: "commits/job", value: float64(c1-c0) / float64(n), unit: "", baseline: base})
 			if system == "leash" {
 				b.add(row{scenario: scenario, system: sys, metric: "claims/job", value: float64(s.Claims) / float64(n), unit: "", baseline: base})
