@@ -1,13 +1,15 @@
 package main
 
 import (
-	"bytes"
+	"bufio"
 	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
 	"os/exec"
+	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -35,6 +37,7 @@ var (
 	flagFleetRiver  = flag.Bool("fleet-river", true, "fleet: run River beside")
 	flagFleetIdleN  = flag.Int("fleet-idle-procs", 32, "fleet: idle worker processes in the idle-cost part")
 	flagFleetHerdPs = flag.Int("fleet-herd-slots", 4, "fleet: slots of each process in the herd and idle parts")
+	flagFleetParts  = flag.String("fleet-parts", "herd,curve,idle", "fleet: the parts to run")
 	flagFleetSettle = flag.Duration("fleet-settle", 11*time.Second, "fleet: wait before and after the herd's inserts, so that pg_stat_database has every backend's commits (idle backends report them within 10s)")
 )
 
@@ -43,10 +46,11 @@ type fleetStats struct {
 	Claims, Claimed, Wakes, WakesIgnored, WakesHeld, Received int64
 }
 
-// fleetProcs is a set of running worker processes.
+// fleetProcs is a set of running worker processes; each leash one writes a line of its Stats as
+// JSON to its stdout at SIGUSR1 and when it stops.
 type fleetProcs struct {
-	cmds []*exec.Cmd
-	outs []*bytes.Buffer
+	cmds  []*exec.Cmd
+	lines []chan fleetStats
 }
 
 func startFleet(system, url string, procs, slots int) *fleetProcs {
@@ -54,35 +58,82 @@ func startFleet(system, url string, procs, slots int) *fleetProcs {
 	for range procs {
 		cmd := exec.Command(os.Args[0], "child", "fleet", system, url, strconv.Itoa(slots))
 		cmd.Stderr = os.Stderr
-		out := &bytes.Buffer{}
-		cmd.Stdout = out
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			fail(err)
+		}
 		if err := cmd.Start(); err != nil {
 			fail(err)
 		}
-		f.cmds, f.outs = append(f.cmds, cmd), append(f.outs, out)
+		lines := make(chan fleetStats, 16)
+		go func() {
+			sc := bufio.NewScanner(out)
+			for sc.Scan() {
+				var s fleetStats
+				if json.Unmarshal(sc.Bytes(), &s) == nil {
+					lines <- s
+				}
+			}
+			close(lines)
+		}()
+		f.cmds, f.lines = append(f.cmds, cmd), append(f.lines, lines)
 	}
 	return f
 }
 
-// stop stops every process and sums what the leash ones reported.
-func (f *fleetProcs) stop() fleetStats {
-	for _, c := range f.cmds {
-		c.Process.Signal(syscall.SIGTERM)
-	}
+// collect reads one line from every leash process and sums them.
+func (f *fleetProcs) collect() fleetStats {
 	var sum fleetStats
-	for i, c := range f.cmds {
-		c.Wait()
-		var s fleetStats
-		if json.Unmarshal(f.outs[i].Bytes(), &s) == nil {
+	for _, ch := range f.lines {
+		select {
+		case s := <-ch:
 			sum.Claims += s.Claims
 			sum.Claimed += s.Claimed
 			sum.Wakes += s.Wakes
 			sum.WakesIgnored += s.WakesIgnored
 			sum.WakesHeld += s.WakesHeld
 			sum.Received += s.Received
+		case <-time.After(10 * time.Second):
 		}
 	}
 	return sum
+}
+
+// snapshot returns the sum of the leash processes' Stats now.
+func (f *fleetProcs) snapshot() fleetStats {
+	for _, c := range f.cmds {
+		c.Process.Signal(syscall.SIGUSR1)
+	}
+	return f.collect()
+}
+
+// sub returns s - o.
+func (s fleetStats) sub(o fleetStats) fleetStats {
+	return fleetStats{Claims: s.Claims - o.Claims, Claimed: s.Claimed - o.Claimed, Wakes: s.Wakes - o.Wakes,
+		WakesIgnored: s.WakesIgnored - o.WakesIgnored, WakesHeld: s.WakesHeld - o.WakesHeld, Received: s.Received - o.Received}
+}
+
+// stop stops every process and sums what the leash ones reported last.
+func (f *fleetProcs) stop() fleetStats {
+	for _, c := range f.cmds {
+		c.Process.Signal(syscall.SIGTERM)
+	}
+	var sum fleetStats
+	for _, ch := range f.lines {
+		for s := range ch {
+			sum = s.add(sum)
+		}
+	}
+	for _, c := range f.cmds {
+		c.Wait()
+	}
+	return sum
+}
+
+// add returns s + o.
+func (s fleetStats) add(o fleetStats) fleetStats {
+	return fleetStats{Claims: s.Claims + o.Claims, Claimed: s.Claimed + o.Claimed, Wakes: s.Wakes + o.Wakes,
+		WakesIgnored: s.WakesIgnored + o.WakesIgnored, WakesHeld: s.WakesHeld + o.WakesHeld, Received: s.Received + o.Received}
 }
 
 // fleetChild runs one worker process until SIGTERM: "child fleet SYSTEM URL SLOTS". A leash child
@@ -104,12 +155,25 @@ func fleetChild(system, url string, slots int) {
 	p := newLeash(db, slots, nil, nil)
 	done := make(chan error, 1)
 	go func() { done <- p.Run(ctx) }()
-	<-sig
+	report := func() {
+		s := p.Stats()
+		json.NewEncoder(os.Stdout).Encode(fleetStats{Claims: s.Claims, Claimed: s.Claimed, Wakes: s.Listener.Wakes,
+			WakesIgnored: s.Listener.WakesIgnored, WakesHeld: s.Listener.WakesHeld, Received: s.Listener.Received})
+	}
+	usr := make(chan os.Signal, 1)
+	signal.Notify(usr, syscall.SIGUSR1)
+	for {
+		select {
+		case <-usr:
+			report()
+			continue
+		case <-sig:
+		}
+		break
+	}
 	p.Shutdown(context.Background())
 	<-done
-	s := p.Stats()
-	json.NewEncoder(os.Stdout).Encode(fleetStats{Claims: s.Claims, Claimed: s.Claimed, Wakes: s.Listener.Wakes,
-		WakesIgnored: s.Listener.WakesIgnored, WakesHeld: s.Listener.WakesHeld, Received: s.Listener.Received})
+	report()
 }
 
 // commits is the database's committed transactions so far (pg_stat_database, which the
@@ -166,9 +230,16 @@ func waitLeashWaiting(ctx context.Context, db *pgxpool.Pool, n int) {
 }
 
 func (b *bench) fleet(ctx context.Context) {
-	b.fleetHerd(ctx)
-	b.fleetCurve(ctx)
-	b.fleetIdle(ctx)
+	parts := strings.Split(*flagFleetParts, ",")
+	if slices.Contains(parts, "herd") {
+		b.fleetHerd(ctx)
+	}
+	if slices.Contains(parts, "curve") {
+		b.fleetCurve(ctx)
+	}
+	if slices.Contains(parts, "idle") {
+		b.fleetIdle(ctx)
+	}
 }
 
 // fleetHerd: a trickle of single inserts into a queue that procs idle processes wait on.
@@ -196,6 +267,10 @@ func (b *bench) fleetHerd(ctx context.Context) {
 			}
 			time.Sleep(*flagFleetSettle) // past start-up and its statistics
 			c0 := commits(ctx, db)
+			var s0 fleetStats
+			if system == "leash" {
+				s0 = f.snapshot()
+			}
 			tick := time.NewTicker(time.Second / time.Duration(rate))
 			for range n {
 				<-tick.C
@@ -212,9 +287,13 @@ func (b *bench) fleetHerd(ctx context.Context) {
 			tick.Stop()
 			table := map[string]string{"river": "river_job", "leash": "leash.jobs"}[system]
 			waitCompleted(ctx, db, table, n)
+			var s fleetStats
+			if system == "leash" {
+				s = f.snapshot().sub(s0) // from the first insert to the last job's completion
+			}
 			time.Sleep(*flagFleetSettle)
 			c1 := commits(ctx, db)
-			s := f.stop()
+			f.stop()
 			sys := fmt.Sprintf("%s × %d", name, procs)
 			base := []string{fmt.Sprintf("%s × 1", name)}
 			if procs == 1 {
