@@ -30,6 +30,7 @@ type counters struct {
 	Lease  leasekeeper.Metrics
 	Notify listener.Metrics
 
+	Claims         atomic.Int64 // claim rounds (one or more statements each)
 	Claimed        atomic.Int64
 	Completed      atomic.Int64
 	Retried        atomic.Int64
@@ -86,10 +87,13 @@ type Pool struct {
 	active      atomic.Int64  // handler goroutines not yet returned (each holds one errgroup slot)
 	group       errgroup.Group
 	jobsCtx     context.Context
-	revocations *recorder // writes notified revocations into their rows
-	waiterID    string    // this pool's name in leash.waiters
-	queues      queueView // leash.queues as last read, for routing claims
-	scan        claimScan // where the next claim of a single queue starts
+	revocations *recorder   // writes notified revocations into their rows
+	waiterID    string      // this pool's name in leash.waiters
+	wakeChannel string      // the channel only this pool LISTENs on, for inserts that pick it
+	picked      atomic.Bool // an insert picked this pool (a wake on wakeChannel) since it last re-armed
+	gate        wakeGate    // holds back notifications that keep leading to nothing
+	queues      queueView   // leash.queues as last read, for routing claims
+	scan        claimScan   // where the next claim of a single queue starts
 
 	finishCh    chan finishItem
 	outcomeWake chan struct{} // an outcome was queued: the finisher's flush interval starts
@@ -135,6 +139,8 @@ func New(db *pgxpool.Pool, cfg Config) (*Pool, error) {
 	}
 	p.revocations = newRecorder(p)
 	p.waiterID = cfg.ID + "/" + rand.Text()[:8]
+	p.wakeChannel = newWakeChannel()
+	p.gate.max = min(wakeHoldMax, cfg.PollInterval)
 	p.keeper = leasekeeper.NewKeeper(controlDB{p}, cfg.leaseConfig(), p.leases, p.log, &p.metrics.Lease)
 	if len(cfg.Hooks) > 0 {
 		p.keeper.OnEnd = p.leaseEnded
@@ -415,14 +421,9 @@ func (p *Pool) newListener() *listener.Listener {
 		QueryRow: func(ctx context.Context, sql string, args ...any) pgx.Row {
 			return p.control().QueryRow(ctx, sql, args...)
 		},
-		OnAvailable: func(queue string) {
-			for _, q := range p.cfg.Queues {
-				if q == queue {
-					p.poke(p.wake)
-					return
-				}
-			}
-		},
+		OnAvailable:    p.onAvailable,
+		WakeChannel:    p.wakeChannel,
+		OnWake:         p.onWake,
 		OnRevoked:      p.onRevoked,
 		OnQueueChanged: p.onQueueChanged,
 		OnConnect: func() {
