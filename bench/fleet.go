@@ -214,16 +214,21 @@ func openSelf(ctx context.Context, url string) *pgxpool.Pool {
 
 // waitLeashWaiting waits until n leash processes wait for work and may be picked by an insert.
 func waitLeashWaiting(ctx context.Context, db *pgxpool.Pool, n int) {
-	deadline := time.Now().Add(30 * time.Second)
+	waitAtLeast(ctx, db, 30*time.Second, "processes waiting", n, `SELECT count(DISTINCT waiter) FROM leash.waiters
+		WHERE expires_at > now() AND wake_channel IS NOT NULL AND woken_at IS NULL`)
+}
+
+// waitAtLeast polls the count query until it reaches n, failing the bench after timeout.
+func waitAtLeast(ctx context.Context, db *pgxpool.Pool, timeout time.Duration, what string, n int, query string) {
+	deadline := time.Now().Add(timeout)
 	for {
 		var k int
-		db.QueryRow(ctx, `SELECT count(DISTINCT waiter) FROM leash.waiters
-			WHERE expires_at > now() AND wake_channel IS NOT NULL AND woken_at IS NULL`).Scan(&k)
+		db.QueryRow(ctx, query).Scan(&k)
 		if k >= n {
 			return
 		}
 		if time.Now().After(deadline) {
-			fail(fmt.Errorf("fleet: %d of %d processes waiting after 30s", k, n))
+			fail(fmt.Errorf("fleet: %d of %d %s after %s", k, n, what, timeout))
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -321,18 +326,7 @@ func (b *bench) fleetHerd(ctx context.Context) {
 }
 
 func waitCompleted(ctx context.Context, db *pgxpool.Pool, table string, n int) {
-	deadline := time.Now().Add(5 * time.Minute)
-	for {
-		var done int
-		db.QueryRow(ctx, "SELECT count(*) FROM "+table+" WHERE state = 'completed'").Scan(&done)
-		if done >= n {
-			return
-		}
-		if time.Now().After(deadline) {
-			fail(fmt.Errorf("fleet: %d of %d jobs completed after 5 minutes", done, n))
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitAtLeast(ctx, db, 5*time.Minute, "jobs completed", n, "SELECT count(*) FROM "+table+" WHERE state = 'completed'")
 }
 
 // fleetCurve: the same slots split over more and more processes, burning down jobs.

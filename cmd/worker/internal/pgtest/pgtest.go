@@ -164,6 +164,29 @@ func Pool(t testing.TB) *pgxpool.Pool {
 	return PoolFor(t, URL(t))
 }
 
+// exampleTB lets examples, which have no *testing.T, take a database: a failure panics, and
+// cleanups run when the example calls done.
+type exampleTB struct {
+	testing.TB
+	cleanups []func()
+}
+
+func (e *exampleTB) Helper()                           {}
+func (e *exampleTB) Cleanup(f func())                  { e.cleanups = append(e.cleanups, f) }
+func (e *exampleTB) Fatalf(format string, args ...any) { panic(fmt.Sprintf(format, args...)) }
+
+// ExamplePool is Pool for an Example function: a fresh migrated database, closed (and dropped)
+// when the example calls done.
+func ExamplePool() (db *pgxpool.Pool, done func()) {
+	tb := &exampleTB{}
+	db = Pool(tb)
+	return db, func() {
+		for i := len(tb.cleanups) - 1; i >= 0; i-- {
+			tb.cleanups[i]()
+		}
+	}
+}
+
 // PoolFor returns a pool on connString with room for a worker and its test, closed when t ends.
 func PoolFor(t testing.TB, connString string) *pgxpool.Pool {
 	t.Helper()
