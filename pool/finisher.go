@@ -94,14 +94,36 @@ func (p *Pool) flush(batch []finishItem) {
 // the others as settleMissing decides.
 func (p *Pool) settleAll(items []finishItem, written map[int64]string) {
 	var missing []finishItem
+	requeued, soonest := false, time.Duration(0)
 	for _, it := range items {
 		if state, ok := written[it.out.ID]; ok {
 			p.settle(it, state, true)
+			if state == store.StateRetryable || state == store.StateAvailable {
+				if !requeued || it.out.RunIn < soonest {
+					requeued, soonest = true, it.out.RunIn
+				}
+			}
 		} else {
 			missing = append(missing, it)
 		}
 	}
+	if requeued {
+		p.requeued(soonest)
+	}
 	p.settleMissing(missing)
+}
+
+// requeued wakes the claim loop for a job this pool has just made claimable again (a retry, a
+// snooze, a hand-back) once it is due, when that is sooner than the next poll: no insert
+// notifies anyone of it, and a claim loop waiting for wake-ups would otherwise leave it to the
+// poll.
+func (p *Pool) requeued(in time.Duration) {
+	switch {
+	case in <= 0:
+		p.poke(p.wake)
+	case in < p.cfg.PollInterval:
+		time.AfterFunc(in, func() { p.poke(p.wake) })
+	}
 }
 
 // settleMissing settles outcomes a fenced write did not write: the claim lost the job (stale),
