@@ -134,6 +134,13 @@ func (p *Pool) claimLoop(ctx context.Context) {
 			if w.registered {
 				// Refresh before it expires; claim unless other waiters claimed for their polls.
 				claim = w.polled(ctx)
+				if !claim && p.queues.anyPaused(p.cfg.Queues) {
+					// The registration leaves paused queues out, so no insert wakes this pool for
+					// one resumed while the notification was lost: read the view as a claim
+					// would, and claim if it changed.
+					p.refreshQueues(ctx)
+					claim = w.stale()
+				}
 			}
 		}
 		s.claimNow, s.woken = claim, false
@@ -408,7 +415,7 @@ func (w *waiting) registerFor(ctx context.Context, atPoll bool) (ok, claim bool)
 	// Pickable by inserts (see wake.go) only while the listener can hear the wake.
 	armed := p.listener.Connected()
 	wake := store.Wake{Channel: p.wakeChannel, Slots: p.cfg.Concurrency - int(p.active.Load()), Armed: armed, Poll: atPoll}
-	if atPoll && armed && w.polls%ownPollEvery != 0 {
+	if atPoll && armed && w.polls%p.ownPollEvery != 0 {
 		wake.PollWindow = p.cfg.PollInterval / 2
 	}
 	claim, err := store.RegisterWaker(sctx, p.control(), p.waiterID, queues, 3*p.cfg.PollInterval+time.Second, wake)

@@ -99,3 +99,70 @@ func TestIdleFleetPollsAsOne(t *testing.T) {
 		t.Fatalf("%d idle pools made no claim in %s: nobody polls", n, took.Round(time.Millisecond))
 	}
 }
+
+// coverPolls keeps a live registration on queue that claimed for a poll just now, as a forged
+// row (or a very busy fleet) would: every poll of a pool on queue is covered.
+func coverPolls(t *testing.T, db pool.DB, queue string) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	t.Cleanup(func() { cancel(); <-done })
+	if _, err := db.Exec(ctx, `INSERT INTO leash.waiters (queue, waiter, expires_at, wake_channel, slots, woken_at, polled_at)
+		VALUES ($1, 'cover', now() + interval '1 hour', 'leash_wake_00000000000000cc', 1, '-infinity', now())`, queue); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		defer close(done)
+		for ctx.Err() == nil {
+			db.Exec(ctx, `UPDATE leash.waiters SET polled_at = now() WHERE waiter = 'cover'`)
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
+}
+
+// A job no notification announces (here a delayed one) is found although forged poll times
+// cover every poll of the pool's queue: every tenth poll claims regardless.
+func TestForgedPollTimesDelayLittle(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	cfg := fastConfig()
+	cfg.PollInterval = 200 * time.Millisecond
+	coverPolls(t, db, "default")
+	ps, b := fleet(t, db, 1, cfg, map[string]pool.Handler{"noop": noop()})
+	settle(t, ps)
+	insert(t, db, "noop", nil, &pool.InsertOpts{Delay: 300 * time.Millisecond})
+	// Due after 300ms, found by the tenth poll at the latest (2s), not by a wake.
+	b.events.wait(t, 1, 8*time.Second)
+}
+
+// A queue resumed while the notification was lost, on a pool whose other queue's polls are
+// covered: the pool reads the queue controls at its poll while one of its queues is paused, so
+// the resumed queue's jobs start at the next poll, not at the pool's own claiming poll.
+func TestResumeLostAtACoveredPoll(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	ctx := context.Background()
+	cfg := fastConfig()
+	cfg.PollInterval = 200 * time.Millisecond
+	cfg.Queues = []string{"default", "b"}
+	if _, err := pool.PauseQueue(ctx, db, "b"); err != nil {
+		t.Fatal(err)
+	}
+	coverPolls(t, db, "default")
+	p, b := setup(t, db, cfg, map[string]pool.Handler{"noop": noop()})
+	p.SetOwnPollEvery(1 << 30)
+	start(t, p)
+	waitPickable(t, db, 1)
+	settle(t, []*pool.Pool{p})
+	// Resumed with no trigger firing: no queue_changed notification.
+	conn, err := db.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, `SET session_replication_role = replica; UPDATE leash.queues SET paused_at = NULL WHERE name = 'b'; RESET session_replication_role`); err != nil {
+		t.Fatal(err)
+	}
+	insert(t, db, "noop", nil, &pool.InsertOpts{Queue: "b"})
+	b.events.wait(t, 1, 5*time.Second)
+}
