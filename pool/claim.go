@@ -91,7 +91,7 @@ func (p *Pool) claimLoop(ctx context.Context) {
 				if w.registered {
 					w.register(ctx)
 				}
-				s.claimNow = true
+				s.notified() // claim once the claims in flight return, whatever they found
 			case <-gatherEnd:
 				s.claimNow = true
 			}
@@ -122,6 +122,11 @@ func (p *Pool) claimLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-p.wake:
+			if w.registered {
+				// A waiting loop claims only when woken: start from the front, so that a job
+				// ahead of the cursor (a higher priority, an earlier run_at) is found now.
+				p.scan.polled()
+			}
 		case <-p.slotWake:
 			// A freed slot calls for a claim only from a loop not waiting for wake-ups: one that
 			// waits is woken for every job inserted since it registered, and for its own retries
@@ -136,8 +141,9 @@ func (p *Pool) claimLoop(ctx context.Context) {
 				claim = w.polled(ctx)
 				if !claim && p.queues.anyPaused(p.cfg.Queues) {
 					// The registration leaves paused queues out, so no insert wakes this pool for
-					// one resumed while the notification was lost: read the view as a claim
-					// would, and claim if it changed.
+					// one resumed while the notification was lost: read the view now, and claim
+					// if it changed.
+					p.queues.stale.Store(true)
 					p.refreshQueues(ctx)
 					claim = w.stale()
 				}
@@ -377,6 +383,7 @@ type waiting struct {
 	retryAt    time.Time // after a failed registration, when to try again
 	key        string    // the queue view's waitable key at the registration
 	polls      int       // polls since the registration
+	failing    bool      // the last registration failed (and was warned about)
 }
 
 // stale reports whether the queues to wait on have changed in the view since the registration.
@@ -421,11 +428,19 @@ func (w *waiting) registerFor(ctx context.Context, atPoll bool) (ok, claim bool)
 	claim, err := store.RegisterWaker(sctx, p.control(), p.waiterID, queues, 3*p.cfg.PollInterval+time.Second, wake)
 	if err != nil {
 		if ctx.Err() == nil {
-			p.log.WarnContext(ctx, "registering as waiting for work failed; polling instead", slog.Any("err", err))
+			// Warned once until a registration succeeds again (a row held by a forgotten
+			// transaction would fail every one).
+			level := slog.LevelDebug
+			if !w.failing {
+				level = slog.LevelWarn
+			}
+			p.log.Log(ctx, level, "registering as waiting for work failed; polling instead", slog.Any("err", err))
+			w.failing = true
 		}
 		w.retryAt = time.Now().Add(p.cfg.PollInterval)
 		return false, true
 	}
+	w.failing = false
 	if !w.registered {
 		w.rechecks, w.polls = 0, 0
 	}
