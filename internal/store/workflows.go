@@ -28,9 +28,11 @@ type WorkflowJob struct {
 // dependencies pending and check the graph at commit.
 const insertWorkflowJobsSQL = `
 	WITH j AS (
-		SELECT * FROM pg_catalog.unnest($2::text[], $3::text[], $4::text[], $5::smallint[], $6::integer[],
-		                                $7::timestamptz[], $8::interval[], $9::interval[], $10::text[],
-		                                $11::text[], $12::text[], $13::boolean[])
+		SELECT * FROM ROWS FROM (
+			pg_catalog.unnest($2::text[]), pg_catalog.unnest($3::text[]), pg_catalog.unnest($4::text[]),
+			pg_catalog.unnest($5::smallint[]), pg_catalog.unnest($6::integer[]), pg_catalog.unnest($7::timestamptz[]),
+			pg_catalog.unnest($8::interval[]), pg_catalog.unnest($9::interval[]), pg_catalog.unnest($10::text[]),
+			pg_catalog.unnest($11::text[]), pg_catalog.unnest($12::text[]), pg_catalog.unnest($13::boolean[]))
 		         WITH ORDINALITY AS u(queue, kind, payload, priority, max_attempts, run_at, delay, timeout,
 		                              trace_context, step, depends_on, may_fail, ord)
 	), ins AS (
