@@ -240,8 +240,11 @@ BEGIN
     IF NOT FOUND OR st <> 'pending' THEN
         RETURN;
     END IF;
+    -- Rows this very transaction inserted (not in a savepoint) need no lock: no other
+    -- transaction sees them before it commits.
     PERFORM FROM leash.jobs d
     WHERE d.workflow_id = wid AND d.step = ANY (deps) AND d.state NOT IN ('completed', 'failed', 'cancelled')
+      AND d.xmin::text <> (pg_current_xact_id()::text::bigint % 4294967296)::text
     ORDER BY d.id
     FOR KEY SHARE OF d;
     SELECT d.step, d.id, d.state INTO bad FROM leash.jobs d
@@ -277,6 +280,20 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     added text[];
 BEGIN
+    IF TG_OP = 'INSERT' AND NEW.depends_on IS NULL THEN
+        -- The common case of a large workflow, kept short: the workflow is checked once per
+        -- transaction and workflow (the setting is the transaction's).
+        IF NEW.state = 'pending' THEN
+            NEW.state := 'available'; -- nothing to wait for
+        END IF;
+        IF current_setting('leash.workflow_exists', true) IS DISTINCT FROM NEW.workflow_id::text THEN
+            IF NOT EXISTS (SELECT FROM leash.workflows w WHERE w.id = NEW.workflow_id) THEN
+                RAISE EXCEPTION 'workflow % does not exist', NEW.workflow_id USING ERRCODE = 'foreign_key_violation';
+            END IF;
+            PERFORM set_config('leash.workflow_exists', NEW.workflow_id::text, true);
+        END IF;
+        RETURN NEW;
+    END IF;
     IF TG_OP = 'UPDATE' THEN
         IF NEW.workflow_id IS DISTINCT FROM OLD.workflow_id OR NEW.step IS DISTINCT FROM OLD.step THEN
             RAISE EXCEPTION 'job %: a job''s workflow and step cannot change', NEW.id
@@ -460,52 +477,125 @@ BEGIN
 END;
 $$;
 
--- A job of a workflow finished (completed, failed for good, cancelled), or was put back (retry):
--- the jobs waiting for it are released, cancelled, or made pending again, in the same
--- transaction, whoever wrote the outcome.
---  - Finished: the row is first locked FOR UPDATE, which waits for the transactions adding jobs
---    that wait for it (they hold it FOR KEY SHARE, see leash.settle_workflow_job); the jobs
---    waiting for it are then found through leash.workflow_edges. Completed (or may_fail): each
---    pending one counts one dependency less, and is available at none. Otherwise they are
---    cancelled, and the jobs waiting for them, down the workflow, each with an error naming the
---    cause: the cancellation of a may_fail job releases its own dependents instead (this trigger
---    again, for that row).
+-- Jobs of workflows completed by the statement running, waiting for leash.release_completed at
+-- its end: written and deleted again by the same transaction, so that no row of it is ever
+-- committed. Unlogged: its rows never outlive their transaction.
+CREATE UNLOGGED TABLE IF NOT EXISTS leash.workflow_completed (
+    job_id      bigint NOT NULL,
+    workflow_id bigint NOT NULL,
+    step        text   NOT NULL
+);
+
+REVOKE ALL ON leash.workflow_completed FROM PUBLIC;
+
+-- A job of a workflow is completing (or finishing, when it may fail), whoever writes it: noted
+-- for the end of the statement. A row trigger BEFORE the update, so that the statement trigger's
+-- WHEN (evaluated when the statement's rows are written, before the row triggers AFTER them
+-- run) sees the setting.
+CREATE OR REPLACE FUNCTION leash.workflow_job_completing() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    INSERT INTO leash.workflow_completed (job_id, workflow_id, step) VALUES (NEW.id, NEW.workflow_id, NEW.step);
+    PERFORM set_config('leash.workflow_completed', 'on', true);
+    RETURN NEW;
+END;
+$$;
+
+REVOKE ALL ON FUNCTION leash.workflow_job_completing() FROM PUBLIC;
+
+CREATE OR REPLACE TRIGGER jobs_workflow_completing
+    BEFORE UPDATE OF state, revoked_at ON leash.jobs
+    FOR EACH ROW
+    WHEN (NEW.workflow_id IS NOT NULL AND OLD.state NOT IN ('completed', 'failed', 'cancelled')
+          AND (NEW.state = 'completed' OR (NEW.may_fail AND NEW.state IN ('failed', 'cancelled'))))
+    EXECUTE FUNCTION leash.workflow_job_completing();
+
+-- At the end of a statement that completed jobs of workflows: their rows are first locked FOR
+-- UPDATE, which waits for the transactions adding jobs that wait for them (they hold them FOR KEY
+-- SHARE, see leash.settle_workflow_job); then each pending job waiting for them counts them off,
+-- in id order (two statements releasing the same jobs lock them in one order), and is available
+-- when none is left; waiting workers are woken as for an insert. One update per waiting job and
+-- statement, however many of its dependencies the statement completed: a join waiting for
+-- thousands of jobs is not written once per dependency.
+CREATE OR REPLACE FUNCTION leash.release_completed() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    ids      bigint[];
+    wids     bigint[];
+    steps    text[];
+    released text[];
+BEGIN
+    PERFORM set_config('leash.workflow_completed', 'off', true);
+    WITH done AS (DELETE FROM leash.workflow_completed RETURNING job_id, workflow_id, step)
+    SELECT array_agg(job_id), array_agg(workflow_id), array_agg(step) INTO ids, wids, steps FROM done;
+    IF ids IS NULL THEN
+        RETURN NULL;
+    END IF;
+    PERFORM FROM leash.jobs j WHERE j.id = ANY (ids) ORDER BY j.id FOR UPDATE;
+    WITH waiting AS (
+        SELECT e.job_id, count(*) AS n
+        FROM unnest(wids, steps) AS c(workflow_id, step)
+        JOIN leash.workflow_edges e ON e.workflow_id = c.workflow_id AND e.step = c.step
+        GROUP BY e.job_id
+    ), locked AS (
+        SELECT d.id, w.n FROM leash.jobs d JOIN waiting w ON w.job_id = d.id
+        WHERE d.state = 'pending'
+        ORDER BY d.id
+        FOR NO KEY UPDATE OF d
+    ), rel AS (
+        UPDATE leash.jobs d
+        SET unmet = greatest(coalesce(d.unmet, 0) - l.n, 0),
+            state = CASE WHEN coalesce(d.unmet, 0) <= l.n THEN 'available' ELSE 'pending' END
+        FROM locked l
+        WHERE d.id = l.id AND d.state = 'pending'
+        RETURNING d.queue, d.state, d.run_at
+    )
+    SELECT array_agg(rel.queue) INTO released FROM rel WHERE rel.state = 'available' AND rel.run_at <= now();
+    PERFORM leash.wake_released(released);
+    RETURN NULL;
+END;
+$$;
+
+REVOKE ALL ON FUNCTION leash.release_completed() FROM PUBLIC;
+
+-- After every statement that may change a job's state; it calls the function only when a row of
+-- it completed a job of a workflow: one read of a setting otherwise.
+CREATE OR REPLACE TRIGGER jobs_workflow_release
+    AFTER UPDATE OF state, revoked_at ON leash.jobs
+    FOR EACH STATEMENT
+    WHEN (pg_catalog.current_setting('leash.workflow_completed', true) OPERATOR(pg_catalog.=) 'on')
+    EXECUTE FUNCTION leash.release_completed();
+
+-- A job of a workflow failed for good or was cancelled (and may not fail), or was put back
+-- (retry), whoever wrote it, in the transaction that writes it:
+--  - Failed or cancelled: the jobs waiting for it are cancelled, and the jobs waiting for them,
+--    down the workflow, each with an error naming the cause; the cancellation of a may_fail job
+--    releases its own dependents instead (leash.workflow_job_completing, for that row). The row
+--    is first locked FOR UPDATE, which waits for the transactions adding jobs that wait for it.
 --  - Put back from failed or cancelled: the jobs its failure cancelled (cancelled with unmet left,
 --    not revoked), and theirs, are pending again and settled anew.
+-- It fires on UPDATE OF revoked_at too: revoking a pending job cancels it (a BEFORE trigger
+-- changes its state) without naming state.
 CREATE OR REPLACE FUNCTION leash.workflow_job_finished() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    released text[];
-    r        record;
+    r record;
 BEGIN
     IF NEW.state IN ('completed', 'failed', 'cancelled') THEN
         PERFORM FROM leash.jobs j WHERE j.id = NEW.id FOR UPDATE;
-        IF NEW.state = 'completed' OR coalesce(NEW.may_fail, false) THEN
-            WITH rel AS (
-                UPDATE leash.jobs d
-                SET unmet = greatest(d.unmet - 1, 0),
-                    state = CASE WHEN coalesce(d.unmet, 1) <= 1 THEN 'available' ELSE 'pending' END
-                FROM leash.workflow_edges e
-                WHERE e.workflow_id = NEW.workflow_id AND e.step = NEW.step AND d.id = e.job_id AND d.state = 'pending'
-                RETURNING d.queue, d.state, d.run_at
-            )
-            SELECT array_agg(rel.queue) INTO released FROM rel WHERE rel.state = 'available' AND rel.run_at <= now();
-            PERFORM leash.wake_released(released);
-        ELSE
-            WITH RECURSIVE down(id) AS (
-                SELECT e.job_id FROM leash.workflow_edges e
-                WHERE e.workflow_id = NEW.workflow_id AND e.step = NEW.step
-                UNION
-                SELECT e.job_id FROM down
-                JOIN leash.jobs j ON j.id = down.id
-                JOIN leash.workflow_edges e ON e.workflow_id = j.workflow_id AND e.step = j.step
-                WHERE j.state = 'pending' AND NOT coalesce(j.may_fail, false)
-            )
-            UPDATE leash.jobs j
-            SET state = 'cancelled', finished_at = now(), unmet = greatest(coalesce(j.unmet, 1), 1),
-                last_error = format('dependency %s (job %s) %s', left(NEW.step, 200), NEW.id, NEW.state)
-            FROM down WHERE j.id = down.id AND j.state = 'pending';
-        END IF;
+        WITH RECURSIVE down(id) AS (
+            SELECT e.job_id FROM leash.workflow_edges e
+            WHERE e.workflow_id = NEW.workflow_id AND e.step = NEW.step
+            UNION
+            SELECT e.job_id FROM down
+            JOIN leash.jobs j ON j.id = down.id
+            JOIN leash.workflow_edges e ON e.workflow_id = j.workflow_id AND e.step = j.step
+            WHERE j.state = 'pending' AND NOT coalesce(j.may_fail, false)
+        )
+        UPDATE leash.jobs j
+        SET state = 'cancelled', finished_at = now(), unmet = greatest(coalesce(j.unmet, 1), 1),
+            last_error = format('dependency %s (job %s) %s', left(NEW.step, 200), NEW.id, NEW.state)
+        FROM down WHERE j.id = down.id AND j.state = 'pending';
     ELSE
         FOR r IN
             WITH RECURSIVE up(id) AS (
@@ -536,10 +626,11 @@ $$;
 REVOKE ALL ON FUNCTION leash.workflow_job_finished() FROM PUBLIC;
 
 CREATE OR REPLACE TRIGGER jobs_workflow_finished
-    AFTER UPDATE OF state ON leash.jobs
+    AFTER UPDATE OF state, revoked_at ON leash.jobs
     FOR EACH ROW
     WHEN (NEW.workflow_id IS NOT NULL
-          AND (OLD.state IN ('completed', 'failed', 'cancelled')) <> (NEW.state IN ('completed', 'failed', 'cancelled')))
+          AND (OLD.state IN ('completed', 'failed', 'cancelled')) <> (NEW.state IN ('completed', 'failed', 'cancelled'))
+          AND NOT (NEW.state = 'completed' OR (coalesce(NEW.may_fail, false) AND NEW.state IN ('failed', 'cancelled'))))
     EXECUTE FUNCTION leash.workflow_job_finished();
 
 -- A failed or cancelled job of a workflow put back in the queue (leash.retry_job, or an UPDATE)

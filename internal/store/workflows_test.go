@@ -391,3 +391,20 @@ func TestWorkflowReleaseUsesIndex(t *testing.T) {
 		t.Errorf("the release scans a table:\n%s", plan)
 	}
 }
+
+// Revoking a pending job (leash.revoke_job, or UPDATE ... SET revoked_at, which names no state)
+// cancels it and the jobs waiting for it; revoking a may_fail one lets them run.
+func TestRevokePendingJobCancelsDependents(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	wid := newWorkflow(t, db)
+	exec(t, db, `INSERT INTO leash.jobs (kind, workflow_id, step, depends_on, may_fail) VALUES
+		('k', $1, 'a', NULL, NULL), ('k', $1, 'b', '{a}', NULL), ('k', $1, 'c', '{b}', NULL),
+		('k', $1, 'opt', '{a}', true), ('k', $1, 'after_opt', '{opt}', NULL)`, wid)
+	if ok, err := store.Revoke(ctx, db, stepID(t, db, wid, "b"), "no"); err != nil || !ok {
+		t.Fatalf("revoke b: %v %v", ok, err)
+	}
+	exec(t, db, `UPDATE leash.jobs SET revoked_at = now() WHERE id = $1`, stepID(t, db, wid, "opt"))
+	wantStates(t, db, wid, map[string]string{"a": "available", "b": "cancelled", "c": "cancelled", "opt": "cancelled", "after_opt": "available"})
+}
