@@ -147,10 +147,12 @@ func TestWorkflowFailureCancelsAndRetryRestores(t *testing.T) {
 	db := pgtest.Pool(t)
 	wid := newWorkflow(t, db)
 	exec(t, db, `INSERT INTO leash.jobs (kind, workflow_id, step, depends_on, may_fail, max_attempts) VALUES
-		('k', $1, 'a', NULL, NULL, 1), ('k', $1, 'b', '{a}', NULL, 20), ('k', $1, 'c', '{b}', NULL, 20),
-		('k', $1, 'opt', '{a}', true, 20), ('k', $1, 'after_opt', '{opt}', NULL, 20)`, wid)
+		('k', $1, 'a', NULL, NULL, 1), ('k', $1, 'b', '{a,x}', NULL, 20), ('k', $1, 'c', '{b}', NULL, 20),
+		('k', $1, 'opt', '{a}', true, 20), ('k', $1, 'after_opt', '{opt}', NULL, 20), ('k', $1, 'x', NULL, NULL, 20)`, wid)
 	got := claimAll(t, db)
 	finish(t, db, got["a"], "failed")
+	// x completes after b was cancelled: b's count must still learn of it when a is retried.
+	finish(t, db, got["x"], "completed")
 	wantStates(t, db, wid, map[string]string{"a": "failed", "b": "cancelled", "c": "cancelled", "opt": "cancelled", "after_opt": "available"})
 	var reason string
 	if err := db.QueryRow(ctx, `SELECT last_error FROM leash.jobs WHERE id = $1`, stepID(t, db, wid, "c")).Scan(&reason); err != nil {
