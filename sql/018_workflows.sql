@@ -221,6 +221,12 @@ $$;
 
 REVOKE ALL ON FUNCTION leash.wake_released(text[]) FROM PUBLIC;
 
+-- The functions that look rows up by a job's dependencies plan each statement for its values
+-- (force_custom_plan; a generic plan for a job waiting for more than 100 steps, where planning
+-- for the values costs more) through indexes alone (enable_seqscan off): a plan cached while the
+-- table looked small (a workflow inserted in the same transaction, before statistics know of
+-- it) would read leash.jobs whole at every call.
+
 -- Settles a pending job from the states of its dependencies: available once all completed (or
 -- may fail and are finished), cancelled when one failed for good or was cancelled, else pending
 -- with unmet counting the rest. The dependencies not finished are locked FOR KEY SHARE until the
@@ -228,7 +234,8 @@ REVOKE ALL ON FUNCTION leash.wake_released(text[]) FROM PUBLIC;
 -- for it, and then finds this job among the jobs waiting for it; one committed before is read
 -- here as finished. FOR KEY SHARE lets their renewals and outcome statements go on.
 CREATE OR REPLACE FUNCTION leash.settle_workflow_job(job_id bigint) RETURNS void
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+    SET plan_cache_mode = force_custom_plan SET enable_seqscan = off AS $$
 DECLARE
     wid   bigint;
     deps  text[];
@@ -240,15 +247,19 @@ BEGIN
     IF NOT FOUND OR st <> 'pending' THEN
         RETURN;
     END IF;
+    IF cardinality(deps) > 100 THEN
+        -- Planning for thousands of values costs more than the plan saves.
+        PERFORM set_config('plan_cache_mode', 'force_generic_plan', true);
+    END IF;
     -- Rows this very transaction inserted (not in a savepoint) need no lock: no other
     -- transaction sees them before it commits.
-    PERFORM FROM leash.jobs d
-    WHERE d.workflow_id = wid AND d.step = ANY (deps) AND d.state NOT IN ('completed', 'failed', 'cancelled')
+    PERFORM FROM unnest(deps) s(step) JOIN leash.jobs d ON d.workflow_id = wid AND d.step = s.step
+    WHERE d.state NOT IN ('completed', 'failed', 'cancelled')
       AND d.xmin::text <> (pg_current_xact_id()::text::bigint % 4294967296)::text
     ORDER BY d.id
     FOR KEY SHARE OF d;
-    SELECT d.step, d.id, d.state INTO bad FROM leash.jobs d
-    WHERE d.workflow_id = wid AND d.step = ANY (deps) AND d.state IN ('failed', 'cancelled') AND NOT coalesce(d.may_fail, false)
+    SELECT d.step, d.id, d.state INTO bad FROM unnest(deps) s(step) JOIN leash.jobs d ON d.workflow_id = wid AND d.step = s.step
+    WHERE d.state IN ('failed', 'cancelled') AND NOT coalesce(d.may_fail, false)
     LIMIT 1;
     IF FOUND THEN
         UPDATE leash.jobs j SET state = 'cancelled', finished_at = now(), unmet = greatest(coalesce(j.unmet, 1), 1),
@@ -393,7 +404,7 @@ BEGIN
             left(missing.step, 200), missing.job_id, left(missing.dep, 200) USING ERRCODE = 'foreign_key_violation';
     END IF;
     -- Edges between pending jobs, as positions in ids, ordered by the dependency.
-    WITH node AS (SELECT g.pos, ids[g.pos] AS id, steps[g.pos] AS step FROM generate_subscripts(ids, 1) g(pos))
+    WITH node AS (SELECT g.pos::integer AS pos, g.id, g.step FROM unnest(ids, steps) WITH ORDINALITY AS g(id, step, pos))
     SELECT array_agg(a.pos ORDER BY a.pos), array_agg(b.pos ORDER BY a.pos) INTO efrom, eto
     FROM leash.workflow_edges e
     JOIN node a ON a.step = e.step
@@ -518,7 +529,8 @@ CREATE OR REPLACE TRIGGER jobs_workflow_completing
 -- statement, however many of its dependencies the statement completed: a join waiting for
 -- thousands of jobs is not written once per dependency.
 CREATE OR REPLACE FUNCTION leash.release_completed() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+    SET plan_cache_mode = force_custom_plan SET enable_seqscan = off AS $$
 DECLARE
     ids      bigint[];
     wids     bigint[];
@@ -566,6 +578,9 @@ CREATE OR REPLACE TRIGGER jobs_workflow_release
     WHEN (pg_catalog.current_setting('leash.workflow_completed', true) OPERATOR(pg_catalog.=) 'on')
     EXECUTE FUNCTION leash.release_completed();
 
+-- Its recursive walks down a workflow go through indexes alone (enable_seqscan off): a recursive
+-- query is planned once for any depth, and a plan that read leash.jobs at every level of a chain
+-- 10,000 deep would read the table 10,000 times.
 -- A job of a workflow failed for good or was cancelled (and may not fail), or was put back
 -- (retry), whoever wrote it, in the transaction that writes it:
 --  - Failed or cancelled: the jobs waiting for it are cancelled, and the jobs waiting for them,
@@ -577,7 +592,7 @@ CREATE OR REPLACE TRIGGER jobs_workflow_release
 -- It fires on UPDATE OF revoked_at too: revoking a pending job cancels it (a BEFORE trigger
 -- changes its state) without naming state.
 CREATE OR REPLACE FUNCTION leash.workflow_job_finished() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET enable_seqscan = off AS $$
 DECLARE
     r record;
 BEGIN
@@ -637,7 +652,8 @@ CREATE OR REPLACE TRIGGER jobs_workflow_finished
 -- waits for its dependencies again: pending while some have not completed. One that failed for
 -- good or was cancelled must be retried first: until then this one cannot run.
 CREATE OR REPLACE FUNCTION leash.workflow_job_retried() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+    SET plan_cache_mode = force_custom_plan SET enable_seqscan = off AS $$
 DECLARE
     bad record;
     n   integer;
@@ -645,13 +661,13 @@ BEGIN
     IF NEW.depends_on IS NULL OR cardinality(NEW.depends_on) = 0 THEN
         RETURN NEW;
     END IF;
-    PERFORM FROM leash.jobs d
-    WHERE d.workflow_id = NEW.workflow_id AND d.step = ANY (NEW.depends_on) AND d.state NOT IN ('completed', 'failed', 'cancelled')
+    PERFORM FROM unnest(NEW.depends_on) s(step) JOIN leash.jobs d ON d.workflow_id = NEW.workflow_id AND d.step = s.step
+    WHERE d.state NOT IN ('completed', 'failed', 'cancelled')
     ORDER BY d.id
     FOR KEY SHARE OF d;
-    SELECT d.step, d.id, d.state INTO bad FROM leash.jobs d
-    WHERE d.workflow_id = NEW.workflow_id AND d.step = ANY (NEW.depends_on) AND d.state IN ('failed', 'cancelled')
-      AND NOT coalesce(d.may_fail, false)
+    SELECT d.step, d.id, d.state INTO bad FROM unnest(NEW.depends_on) s(step)
+    JOIN leash.jobs d ON d.workflow_id = NEW.workflow_id AND d.step = s.step
+    WHERE d.state IN ('failed', 'cancelled') AND NOT coalesce(d.may_fail, false)
     LIMIT 1;
     IF FOUND THEN
         RAISE EXCEPTION 'job % cannot run again: its dependency % (job %) is %: retry that one first',

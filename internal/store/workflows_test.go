@@ -410,3 +410,60 @@ func TestRevokePendingJobCancelsDependents(t *testing.T) {
 	exec(t, db, `UPDATE leash.jobs SET revoked_at = now() WHERE id = $1`, stepID(t, db, wid, "opt"))
 	wantStates(t, db, wid, map[string]string{"a": "available", "b": "cancelled", "c": "cancelled", "opt": "cancelled", "after_opt": "available"})
 }
+
+// Hostile shapes: a workflow of 100,000 jobs inserted by one statement (a split, 99,998 parts
+// and a join waiting for all of them), released by one outcome each way; a chain 1,000 deep,
+// cancelled from its head by one failure and put back by one retry, neither running out of
+// stack; names too long for the index refused with a clear error.
+func TestWorkflowHostileSizes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	wide := newWorkflow(t, db)
+	began := time.Now()
+	exec(t, db, `INSERT INTO leash.jobs (kind, workflow_id, step, depends_on)
+		SELECT 'k', $1::bigint, 'p' || i, NULL::text[] FROM generate_series(1, 99998) i
+		UNION ALL SELECT 'k', $1, 'join', (SELECT array_agg('p' || i) FROM generate_series(1, 99998) i)
+		UNION ALL SELECT 'k', $1, 'split', NULL`, wide)
+	t.Logf("100,000-job workflow inserted in %s", time.Since(began))
+	wantStates(t, db, wide, map[string]string{"split": "available", "p1": "available", "join": "pending"})
+	began = time.Now()
+	exec(t, db, `UPDATE leash.jobs SET state = 'completed', finished_at = now() WHERE workflow_id = $1 AND step LIKE 'p%'`, wide)
+	wantStates(t, db, wide, map[string]string{"join": "available"})
+	t.Logf("99,998 completions released the join in %s", time.Since(began))
+
+	deep := newWorkflow(t, db)
+	began = time.Now()
+	exec(t, db, `INSERT INTO leash.jobs (kind, workflow_id, step, depends_on, max_attempts)
+		SELECT 'k', $1, 'c' || i, CASE WHEN i > 0 THEN ARRAY['c' || (i - 1)] END, 1 FROM generate_series(0, 999) i`, deep)
+	t.Logf("chain of 1,000 inserted in %s", time.Since(began))
+	head := stepID(t, db, deep, "c0")
+	exec(t, db, `UPDATE leash.jobs SET state = 'failed', finished_at = now() WHERE id = $1`, head)
+	var cancelled int
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM leash.jobs WHERE workflow_id = $1 AND state = 'cancelled'`, deep).Scan(&cancelled); err != nil {
+		t.Fatal(err)
+	}
+	if cancelled != 999 {
+		t.Fatalf("%d of 999 jobs of the chain cancelled", cancelled)
+	}
+	if ok, err := store.RetryJob(ctx, db, head); err != nil || !ok {
+		t.Fatalf("retry the head: %v %v", ok, err)
+	}
+	wantStates(t, db, deep, map[string]string{"c0": "available", "c1": "pending", "c999": "pending"})
+	t.Logf("chain of 1,000 inserted, cancelled and put back in %s", time.Since(began))
+
+	for _, bad := range []string{strings.Repeat("x", 1025), strings.Repeat("é", 600)} {
+		w := newWorkflow(t, db)
+		if _, err := db.Exec(ctx, `INSERT INTO leash.jobs (kind, workflow_id, step) VALUES ('k', $1, $2)`, w, bad); err == nil ||
+			!strings.Contains(err.Error(), "jobs_workflow_check") {
+			t.Errorf("a %d-byte step: %v", len(bad), err)
+		}
+		if _, err := db.Exec(ctx, `INSERT INTO leash.jobs (kind, workflow_id, step, depends_on) VALUES ('k', $1, 'a', $2)`, w, []string{bad}); err == nil ||
+			!strings.Contains(err.Error(), "names no step") {
+			t.Errorf("a %d-byte dependency: %v", len(bad), err)
+		}
+		if _, err := db.Exec(ctx, `INSERT INTO leash.workflows (name) VALUES ($1)`, bad+bad); err == nil {
+			t.Errorf("a %d-byte workflow name was stored", 2*len(bad))
+		}
+	}
+}
