@@ -529,8 +529,7 @@ CREATE OR REPLACE TRIGGER jobs_workflow_completing
 -- statement, however many of its dependencies the statement completed: a join waiting for
 -- thousands of jobs is not written once per dependency.
 CREATE OR REPLACE FUNCTION leash.release_completed() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-    SET plan_cache_mode = force_custom_plan SET enable_seqscan = off AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     ids      bigint[];
     wids     bigint[];
