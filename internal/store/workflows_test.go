@@ -120,7 +120,9 @@ func TestWorkflowPlainSQL(t *testing.T) {
 }
 
 // The claim never picks a pending job, even one whose run_at is long past and whose queue has
-// nothing else; and a pending row can only belong to a workflow.
+// nothing else; and a pending row can only belong to a workflow. The claim statement is 0.3.0's
+// (store.Claim has not changed since), which is what workers of that release run against a
+// migrated database.
 func TestWorkflowPendingNeverClaimed(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
