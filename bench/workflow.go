@@ -57,7 +57,7 @@ func (b *bench) workflows(ctx context.Context) {
 	})
 }
 
-// dropWorkflowTriggers removes the row triggers of 018 that fire on outcomes, for the baseline.
+// dropWorkflowTriggers removes the row triggers of 020 that fire on outcomes, for the baseline.
 const dropWorkflowTriggers = `
 	DROP TRIGGER jobs_workflow_finished ON leash.jobs;
 	DROP TRIGGER jobs_workflow_retried ON leash.jobs;

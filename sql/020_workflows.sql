@@ -1,4 +1,4 @@
--- leash 018: workflows, jobs that wait for other jobs.
+-- leash 020: workflows, jobs that wait for other jobs.
 -- leash:no-transaction
 -- A workflow is a row of leash.workflows; its jobs name it (workflow_id), have a step name unique
 -- within it (step) and list the steps they wait for (depends_on). A job whose dependencies have
@@ -108,9 +108,9 @@ DROP INDEX CONCURRENTLY IF EXISTS leash.jobs_workflow_step_idx_invalid;
 CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS jobs_workflow_step_idx ON leash.jobs (workflow_id, step)
     WHERE workflow_id IS NOT NULL;
 
--- The waiter-pick of 016, per queue: wakes waiting workers of queue q until their free slots
--- cover n runnable jobs (job_available when a worker of an earlier release waits on it); nothing
--- when no live waiter could claim from q now. Called by the insert trigger for each queue of its
+-- The waiter-pick of 016 with 019's fallback, per queue: wakes waiting workers of queue q until
+-- their free slots cover n runnable jobs (job_available when a worker of an earlier release
+-- waits on it); nothing when no live waiter could claim from q now. Called by the insert trigger for each queue of its
 -- statement and by a workflow's release for the jobs it made available. The caller checks
 -- pg_notification_queue_usage() first.
 CREATE OR REPLACE FUNCTION leash.wake_queue(q text, n bigint) RETURNS void
@@ -155,16 +155,18 @@ BEGIN
     END LOOP;
     CLOSE w;
     IF need > 0 THEN
-        -- Every waiter is picked already: notify again those picked within the last second,
-        -- most recent first. They are claiming or about to (a claim in flight may have
-        -- missed these rows: a wake while it runs makes them claim again); one picked longer
-        -- ago that has not claimed since is taken for gone and never notified again.
+        -- Every waiter this statement could lock is picked already: notify, without a lock (a
+        -- plain read never waits), those another inserter is picking right now (their rows
+        -- were skipped as locked; they read as not woken) first, then those picked within the
+        -- last second, most recent first (as 019's insert trigger does). They are claiming or
+        -- about to (a claim in flight may have missed these rows: a wake while it runs makes
+        -- them claim again); one picked longer ago that has not claimed since is taken for gone
+        -- and never notified again.
         OPEN w FOR
             SELECT x.wake_channel, x.slots FROM leash.waiters x
             WHERE x.queue = q AND x.wake_channel IS NOT NULL AND x.expires_at > now()
-              AND x.woken_at > now() - interval '1 second'
-            ORDER BY x.woken_at DESC
-            FOR NO KEY UPDATE SKIP LOCKED;
+              AND (x.woken_at IS NULL OR x.woken_at > now() - interval '1 second')
+            ORDER BY x.woken_at DESC NULLS FIRST;
         LOOP
             FETCH w INTO ch, sl;
             EXIT WHEN NOT FOUND;
@@ -179,7 +181,7 @@ $$;
 
 REVOKE ALL ON FUNCTION leash.wake_queue(text, bigint) FROM PUBLIC;
 
--- The insert trigger's function of 016, its per-queue body now leash.wake_queue.
+-- The insert trigger's function of 019, its per-queue body now leash.wake_queue.
 CREATE OR REPLACE FUNCTION leash.notify_job_available() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
