@@ -279,3 +279,24 @@ func TestAttackConcurrentJoinReleasedOnce(t *testing.T) {
 		wantStates(t, db, wid, map[string]string{"join": "available"})
 	}
 }
+
+// A workflow's row deleted while its jobs are unfinished (the checks allow it: there is no
+// foreign key) must not strand them: a running job can still fan out, and the workflow can
+// still be shown.
+func TestAttackWorkflowRowDeleted(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	wid := newWorkflow(t, db)
+	exec(t, db, `INSERT INTO leash.jobs (kind, workflow_id, step, depends_on) VALUES ('k', $1, 'a', NULL), ('k', $1, 'b', '{a}')`, wid)
+	claimAll(t, db)
+	if _, err := db.Exec(ctx, `DELETE FROM leash.workflows WHERE id = $1`, wid); err != nil {
+		return // refused: acceptable
+	}
+	if _, err := store.ShowWorkflow(ctx, db, wid, 10); err != nil {
+		t.Errorf("show a workflow whose row was deleted, with jobs unfinished: %v", err)
+	}
+	if _, err := db.Exec(ctx, `INSERT INTO leash.jobs (kind, workflow_id, step) VALUES ('k', $1, 'child')`, wid); err != nil {
+		t.Errorf("fan-out of a running job whose workflow row was deleted: %v", err)
+	}
+}
