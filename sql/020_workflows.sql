@@ -523,6 +523,29 @@ CREATE OR REPLACE TRIGGER jobs_workflow_completing
           AND (NEW.state = 'completed' OR (NEW.may_fail AND NEW.state IN ('failed', 'cancelled'))))
     EXECUTE FUNCTION leash.workflow_job_completing();
 
+-- Bounds this transaction's lock waits by the outcome statement's own bound, when the statement
+-- running is one of leash's outcome writes (leash.Finish sets leash.outcome_lock_wait for its
+-- transaction): the release and the cancellation below lock rows another transaction may hold
+-- (a fan-out's FOR KEY SHARE, a forgotten FOR UPDATE), and an outcome batch must not wait for
+-- them. Past the bound the statement fails (SQLSTATE 55P03) and the writer writes the batch's
+-- other outcomes without the held one, which it tries again later. Returns the lock_timeout to
+-- put back at the function's end (NULL: unchanged); a shorter bound of the caller is kept.
+CREATE OR REPLACE FUNCTION leash.bound_outcome_lock_wait() RETURNS text
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    wait text := current_setting('leash.outcome_lock_wait', true);
+    prev text := current_setting('lock_timeout');
+BEGIN
+    IF coalesce(wait, '') = '' OR (prev::interval <> interval '0' AND prev::interval <= wait::interval) THEN
+        RETURN NULL;
+    END IF;
+    PERFORM set_config('lock_timeout', wait, true);
+    RETURN prev;
+END;
+$$;
+
+REVOKE ALL ON FUNCTION leash.bound_outcome_lock_wait() FROM PUBLIC;
+
 -- At the end of a statement that completed jobs of workflows: their rows are first locked FOR
 -- UPDATE, which waits for the transactions adding jobs that wait for them (they hold them FOR KEY
 -- SHARE, see leash.settle_workflow_job); then each pending job waiting for them counts them off,
@@ -537,6 +560,7 @@ DECLARE
     wids     bigint[];
     steps    text[];
     released text[];
+    prev     text;
 BEGIN
     PERFORM set_config('leash.workflow_completed', 'off', true);
     WITH done AS (DELETE FROM leash.workflow_completed RETURNING job_id, workflow_id, step)
@@ -544,6 +568,7 @@ BEGIN
     IF ids IS NULL THEN
         RETURN NULL;
     END IF;
+    prev := leash.bound_outcome_lock_wait();
     PERFORM FROM leash.jobs j WHERE j.id = ANY (ids) ORDER BY j.id FOR UPDATE;
     WITH waiting AS (
         SELECT e.job_id, count(*) AS n
@@ -564,6 +589,9 @@ BEGIN
         RETURNING d.queue, d.state, d.run_at
     )
     SELECT array_agg(rel.queue) INTO released FROM rel WHERE rel.state = 'available' AND rel.run_at <= now();
+    IF prev IS NOT NULL THEN
+        PERFORM set_config('lock_timeout', prev, true);
+    END IF;
     PERFORM leash.wake_released(released);
     RETURN NULL;
 END;
@@ -595,7 +623,8 @@ CREATE OR REPLACE TRIGGER jobs_workflow_release
 CREATE OR REPLACE FUNCTION leash.workflow_job_finished() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET enable_seqscan = off AS $$
 DECLARE
-    r record;
+    r    record;
+    prev text := leash.bound_outcome_lock_wait();
 BEGIN
     IF NEW.state IN ('completed', 'failed', 'cancelled') THEN
         PERFORM FROM leash.jobs j WHERE j.id = NEW.id FOR UPDATE;
@@ -634,6 +663,9 @@ BEGIN
         LOOP
             PERFORM leash.settle_workflow_job(r.id);
         END LOOP;
+    END IF;
+    IF prev IS NOT NULL THEN
+        PERFORM set_config('lock_timeout', prev, true);
     END IF;
     RETURN NULL;
 END;
