@@ -765,24 +765,30 @@ CREATE OR REPLACE TRIGGER jobs_revoked_stays_stopped
     WHEN (NEW.revoked_at IS NOT NULL AND NEW.state IN ('pending', 'available', 'retryable', 'failed'))
     EXECUTE FUNCTION leash.revoke_queued();
 
--- Revokes every unfinished job of workflow wid and returns how many: the queued and pending ones
--- are cancelled at once (revoked_at and the reason set, as by leash.revoke_job), then each running
--- one is revoked by leash.revoke_job, in that order so that a job claimed meanwhile is revoked as
--- running. The workflow's row is not locked.
+-- Revokes every unfinished job of workflow wid and returns how many, in one statement, as
+-- leash.revoke_job does each: a queued or pending job is cancelled at once (revoked_at and the
+-- reason set; the revocation triggers cancel it), a running one is marked and its holder
+-- notified (jobs_notify_revoked; its renewals see revoked_at when the notification is dropped),
+-- and one revoked before and still running is reminded. One statement, so that a job that
+-- changes state while it runs (a running job retried, a pending one released) is revoked all the
+-- same: a row another transaction changed is read again and its state checked again. The
+-- workflow's row is not locked.
 CREATE OR REPLACE FUNCTION leash.revoke_workflow(wid bigint, reason text DEFAULT NULL) RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    n   integer;
-    jid bigint;
+    n integer;
 BEGIN
-    UPDATE leash.jobs SET revoked_at = now(), revoke_reason = reason
-    WHERE workflow_id = wid AND state IN ('pending', 'available', 'retryable');
-    GET DIAGNOSTICS n = ROW_COUNT;
-    FOR jid IN SELECT id FROM leash.jobs WHERE workflow_id = wid AND state = 'running' ORDER BY id LOOP
-        IF leash.revoke_job(jid, reason) THEN
-            n := n + 1;
-        END IF;
-    END LOOP;
+    WITH r AS (
+        UPDATE leash.jobs j
+        SET revoked_at = coalesce(j.revoked_at, now()),
+            revoke_reason = CASE WHEN j.revoked_at IS NULL THEN reason ELSE j.revoke_reason END
+        WHERE j.workflow_id = wid AND j.state IN ('pending', 'available', 'retryable', 'running')
+        RETURNING j.id, j.state, j.lease_token, j.revoke_reason, j.revoked_at
+    )
+    SELECT count(*) INTO n FROM r
+    WHERE CASE WHEN r.state = 'running' AND r.revoked_at IS DISTINCT FROM now()
+               THEN leash.notify_revoked(r.id, r.lease_token, r.revoke_reason) IS NOT NULL
+               ELSE true END;
     RETURN n;
 END;
 $$;
