@@ -725,11 +725,31 @@ CREATE OR REPLACE TRIGGER jobs_workflow_retried
     WHEN (NEW.workflow_id IS NOT NULL AND OLD.state IN ('failed', 'cancelled') AND NEW.state IN ('available', 'retryable'))
     EXECUTE FUNCTION leash.workflow_job_retried();
 
--- A deleted job of a workflow (retention) takes its edges with it.
+-- A deleted job of a workflow (retention) takes its edges with it. One deleted before it
+-- finished (by hand, or by a writer that deletes instead of cancelling) never completes: the
+-- jobs waiting for it are cancelled, and the jobs waiting for them, down the workflow, each with
+-- an error naming the deleted step, as a failure of it would (may_fail or not: it did not end).
 CREATE OR REPLACE FUNCTION leash.workflow_job_deleted() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET enable_seqscan = off AS $$
 BEGIN
-    DELETE FROM leash.workflow_edges e WHERE e.job_id = OLD.id;
+    IF OLD.depends_on IS NOT NULL THEN
+        DELETE FROM leash.workflow_edges e WHERE e.job_id = OLD.id;
+    END IF;
+    IF OLD.state NOT IN ('completed', 'failed', 'cancelled') THEN
+        WITH RECURSIVE down(id) AS (
+            SELECT e.job_id FROM leash.workflow_edges e
+            WHERE e.workflow_id = OLD.workflow_id AND e.step = OLD.step
+            UNION
+            SELECT e.job_id FROM down
+            JOIN leash.jobs j ON j.id = down.id
+            JOIN leash.workflow_edges e ON e.workflow_id = j.workflow_id AND e.step = j.step
+            WHERE j.state = 'pending' AND NOT coalesce(j.may_fail, false)
+        )
+        UPDATE leash.jobs j
+        SET state = 'cancelled', finished_at = now(), unmet = greatest(coalesce(j.unmet, 1), 1),
+            last_error = format('dependency %s (job %s) deleted while %s', left(OLD.step, 200), OLD.id, OLD.state)
+        FROM down WHERE j.id = down.id AND j.state = 'pending';
+    END IF;
     RETURN NULL;
 END;
 $$;
@@ -739,8 +759,32 @@ REVOKE ALL ON FUNCTION leash.workflow_job_deleted() FROM PUBLIC;
 CREATE OR REPLACE TRIGGER jobs_workflow_deleted
     AFTER DELETE ON leash.jobs
     FOR EACH ROW
-    WHEN (OLD.workflow_id IS NOT NULL AND OLD.depends_on IS NOT NULL)
+    WHEN (OLD.workflow_id IS NOT NULL
+          AND (OLD.depends_on IS NOT NULL OR OLD.state NOT IN ('completed', 'failed', 'cancelled')))
     EXECUTE FUNCTION leash.workflow_job_deleted();
+
+-- A workflow's row is deleted only once it has no jobs left (retention deletes them once they
+-- finished): its jobs name it, its running jobs add to it, and it is shown by it. A DELETE while
+-- it has jobs is refused. (A job inserted into it by a transaction that commits beside the
+-- DELETE is not seen by it: nothing locks the row, so that no transaction holding it stops a
+-- fan-out.)
+CREATE OR REPLACE FUNCTION leash.workflow_deleted() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF EXISTS (SELECT FROM leash.jobs j WHERE j.workflow_id = OLD.id) THEN
+        RAISE EXCEPTION 'workflow % still has jobs: it can be deleted once they are (revoke it, and retention deletes them once finished)', OLD.id
+            USING ERRCODE = 'foreign_key_violation';
+    END IF;
+    RETURN OLD;
+END;
+$$;
+
+REVOKE ALL ON FUNCTION leash.workflow_deleted() FROM PUBLIC;
+
+CREATE OR REPLACE TRIGGER workflows_deleted
+    BEFORE DELETE ON leash.workflows
+    FOR EACH ROW
+    EXECUTE FUNCTION leash.workflow_deleted();
 
 -- The revocation rule of 002, for pending jobs too: revoking a job that has not started cancels
 -- it on the spot.
