@@ -293,6 +293,9 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     added text[];
 BEGIN
+    IF TG_OP = 'INSERT' THEN
+        NEW.unmet := NULL; -- counted here and at the commit, never taken from the writer
+    END IF;
     IF TG_OP = 'INSERT' AND NEW.depends_on IS NULL THEN
         -- The common case of a large workflow, kept short: the workflow is checked once per
         -- transaction and workflow (the setting is the transaction's).
@@ -365,6 +368,25 @@ CREATE OR REPLACE TRIGGER jobs_workflow_update
     WHEN (NEW.workflow_id IS DISTINCT FROM OLD.workflow_id OR NEW.step IS DISTINCT FROM OLD.step
           OR NEW.depends_on IS DISTINCT FROM OLD.depends_on)
     EXECUTE FUNCTION leash.workflow_job_written();
+
+-- unmet is leash's count, written by the triggers alone: an UPDATE that writes it from outside
+-- a trigger (pg_trigger_depth() 0) is refused, because a count set by hand would release a job
+-- before its dependencies completed, or never.
+CREATE OR REPLACE FUNCTION leash.workflow_unmet_written() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    RAISE EXCEPTION 'job %: unmet is counted by leash''s triggers and cannot be written', NEW.id
+        USING ERRCODE = 'check_violation';
+END;
+$$;
+
+REVOKE ALL ON FUNCTION leash.workflow_unmet_written() FROM PUBLIC;
+
+CREATE OR REPLACE TRIGGER jobs_workflow_unmet
+    BEFORE UPDATE OF unmet ON leash.jobs
+    FOR EACH ROW
+    WHEN (NEW.unmet IS DISTINCT FROM OLD.unmet AND pg_catalog.pg_trigger_depth() OPERATOR(pg_catalog.=) 0)
+    EXECUTE FUNCTION leash.workflow_unmet_written();
 
 -- The graph of workflow wid, checked when a transaction that added jobs or dependencies to it
 -- commits: every dependency of a pending job names a step of the workflow, and the pending jobs

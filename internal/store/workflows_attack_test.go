@@ -191,18 +191,24 @@ func TestAttackAddAfterRetentionDeletedDependency(t *testing.T) {
 }
 
 // unmet is "maintained by the triggers, never by hand"; a client that writes it anyway (the
-// checks accept any value >= 0 or NULL) must not get a job run before its dependencies.
+// checks accept any value >= 0 or NULL), by an update (refused) or an insert (ignored), must not
+// get a job run before its dependencies.
 func TestAttackUnmetByHandReleasesEarly(t *testing.T) {
 	t.Parallel()
 	db := pgtest.Pool(t)
 	for _, v := range []string{"0", "NULL"} {
 		wid := newWorkflow(t, db)
 		exec(t, db, `INSERT INTO leash.jobs (kind, workflow_id, step, depends_on) VALUES ('k', $1, 'a', NULL), ('k', $1, 'b', NULL), ('k', $1, 'join', '{a,b}')`, wid)
-		exec(t, db, `UPDATE leash.jobs SET unmet = `+v+` WHERE workflow_id = $1 AND step = 'join'`, wid)
+		if _, err := db.Exec(context.Background(), `UPDATE leash.jobs SET unmet = `+v+` WHERE workflow_id = $1 AND step = 'join'`, wid); err == nil {
+			t.Errorf("unmet = %s by hand: the update was accepted", v)
+		}
+		exec(t, db, `INSERT INTO leash.jobs (kind, workflow_id, step, depends_on, unmet) VALUES ('k', $1, 'join2', '{a,b}', `+v+`)`, wid)
 		got := claimAll(t, db)
 		finish(t, db, got["a"], "completed")
-		if st := states(t, db, wid)["join"]; st != "pending" {
-			t.Errorf("unmet = %s by hand: join is %s while b still runs", v, st)
+		for _, j := range []string{"join", "join2"} {
+			if st := states(t, db, wid)[j]; st != "pending" {
+				t.Errorf("unmet = %s by hand: %s is %s while b still runs", v, j, st)
+			}
 		}
 		finish(t, db, got["b"], "completed")
 	}
