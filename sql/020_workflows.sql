@@ -108,6 +108,21 @@ DROP INDEX CONCURRENTLY IF EXISTS leash.jobs_workflow_step_idx_invalid;
 CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS jobs_workflow_step_idx ON leash.jobs (workflow_id, step)
     WHERE workflow_id IS NOT NULL;
 
+-- The unfinished jobs of a workflow: retention keeps every job of a workflow that has some (see
+-- store.DeleteFinished), and asks this per job it would delete.
+DO $$
+BEGIN
+    IF EXISTS (SELECT FROM pg_index WHERE indexrelid = to_regclass('leash.jobs_workflow_unfinished_idx') AND NOT indisvalid) THEN
+        ALTER INDEX leash.jobs_workflow_unfinished_idx RENAME TO jobs_workflow_unfinished_idx_invalid;
+    END IF;
+END;
+$$;
+
+DROP INDEX CONCURRENTLY IF EXISTS leash.jobs_workflow_unfinished_idx_invalid;
+
+CREATE INDEX CONCURRENTLY IF NOT EXISTS jobs_workflow_unfinished_idx ON leash.jobs (workflow_id)
+    WHERE workflow_id IS NOT NULL AND state IN ('pending', 'available', 'running', 'retryable');
+
 -- The waiter-pick of 016 with 019's fallback, per queue: wakes waiting workers of queue q until
 -- their free slots cover n runnable jobs (job_available when a worker of an earlier release
 -- waits on it); nothing when no live waiter could claim from q now. Called by the insert trigger for each queue of its
@@ -705,16 +720,27 @@ CREATE OR REPLACE TRIGGER jobs_workflow_finished
 
 -- A failed or cancelled job of a workflow put back in the queue (leash.retry_job, or an UPDATE)
 -- waits for its dependencies again: pending while some have not completed. One that failed for
--- good or was cancelled must be retried first: until then this one cannot run.
+-- good or was cancelled must be retried first: until then this one cannot run. One deleted
+-- refuses the retry.
 CREATE OR REPLACE FUNCTION leash.workflow_job_retried() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
     SET plan_cache_mode = force_custom_plan SET enable_seqscan = off AS $$
 DECLARE
-    bad record;
-    n   integer;
+    bad  record;
+    gone text;
+    n    integer;
 BEGIN
     IF NEW.depends_on IS NULL OR cardinality(NEW.depends_on) = 0 THEN
         RETURN NEW;
+    END IF;
+    SELECT s.step INTO gone FROM unnest(NEW.depends_on) s(step)
+    WHERE NOT EXISTS (SELECT FROM leash.jobs d WHERE d.workflow_id = NEW.workflow_id AND d.step = s.step)
+    LIMIT 1;
+    IF FOUND THEN
+        -- Deleted (by hand, or by a retention that ran once the whole workflow had finished):
+        -- nothing can tell whether it completed, and nothing would ever release this job.
+        RAISE EXCEPTION 'job % cannot run again: its dependency % no longer exists', NEW.id, left(gone, 200)
+            USING ERRCODE = 'foreign_key_violation';
     END IF;
     PERFORM FROM unnest(NEW.depends_on) s(step) JOIN leash.jobs d ON d.workflow_id = NEW.workflow_id AND d.step = s.step
     WHERE d.state NOT IN ('completed', 'failed', 'cancelled')
