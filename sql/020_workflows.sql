@@ -15,7 +15,9 @@
 -- workload; the index is built concurrently; the triggers fire only for rows of a workflow (a
 -- WHEN on workflow_id), which those workers never insert. Their claims pick only available and
 -- retryable rows (run_at <= now()), never a pending one; their outcomes fire the release trigger
--- like anyone's.
+-- like anyone's (unbounded: only this release's outcome statement sets leash.outcome_lock_wait).
+-- Their retention does not know workflows and may delete a completed dependency: a retry of its
+-- dependent is then refused, naming it.
 
 -- The workflows. A row is created first, in the transaction that inserts its jobs
 -- (pool.InsertWorkflow does both). Jobs refer to it by id; nothing locks it after its insert, so
