@@ -51,6 +51,9 @@ type AttemptError struct {
 type Written struct {
 	ID    int64
 	State string // as stored, after the database's revocation rule
+	// Frees: the job is in a workflow and has finished (completed, failed or cancelled), so its
+	// outcome may have made jobs waiting for it claimable, in the same transaction.
+	Frees bool
 }
 
 func (o *Outcome) encodeError() (*string, error) {
@@ -156,7 +159,7 @@ func scanWritten(rows pgx.Rows, n int) ([]Written, error) {
 	for rows.Next() {
 		var w Written
 		var notified *bool
-		if err := rows.Scan(&w.ID, &w.State, &notified); err != nil {
+		if err := rows.Scan(&w.ID, &w.State, &notified, &w.Frees); err != nil {
 			return nil, fmt.Errorf("finish jobs: %w", err)
 		}
 		written = append(written, w)
@@ -198,7 +201,8 @@ const finishSQL = `
 		FROM u
 		WHERE j.id = u.id
 		RETURNING j.id, j.state,
-		    CASE WHEN j.state IN ('available', 'retryable') AND j.run_at <= now() THEN leash.notify_available(j.queue) END`
+		    CASE WHEN j.state IN ('available', 'retryable') AND j.run_at <= now() THEN leash.notify_available(j.queue) END,
+		    j.workflow_id IS NOT NULL AND j.state IN ('completed', 'failed', 'cancelled')`
 
 // errorsHistorySQL is j.errors, the history an entry is appended to (history || [entry]), unless
 // its stored size passes 1 MiB: then a note of the entries dropped replaces it. Any SQL
