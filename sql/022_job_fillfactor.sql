@@ -8,8 +8,8 @@
 -- difference from the old one. A renewal that does not fit is no longer HOT either, and writes
 -- two index entries it would not have (the primary key's and the running jobs').
 -- Measured with the bench's schema ablation (`-only indexes`, a burn-down of 50,000 no-op jobs at
--- 100 slots, medians of five interleaved runs): 1093 bytes of WAL per job instead of 1148 (the
--- minimal queue: 973); a renewal of 5,000 leases claimed together: 83% HOT instead of 46%, 216
+-- 100 slots, medians of seven interleaved runs): 1092 bytes of WAL per job instead of 1148 (the
+-- minimal queue: 975); a renewal of 5,000 leases claimed together: 83% HOT instead of 46%, 216
 -- bytes of WAL per lease instead of 342 (docs/performance.md, "What a job writes").
 -- A storage setting: it takes effect for the pages written from now on (an insert takes a page
 -- only while it stays this empty; an update that moves its row does too); the rows already
