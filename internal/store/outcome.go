@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/leashq/leash/internal/clean"
 )
@@ -147,19 +148,54 @@ func finishQuery(outs []Outcome) (string, []any, error) {
 			outputs[i] = &out
 		}
 	}
-	return finishSQL, []any{ids, tokens, states, delays, giveBack, errs, revokes, outputs}, nil
+	return finishSQL, []any{int8Array(ids), int8Array(tokens), textArray(states), delays, giveBack, errs, revokes, outputs}, nil
+}
+
+// int8Array and textArray are slices sent as bigint[] and text[] parameters whose elements pgx
+// reads in place: a []int64 or []string is encoded through an interface holding a copy of each
+// element, one allocation per element (per job of an outcome batch).
+type (
+	int8Array []int64
+	textArray []string
+	int8Elem  int64
+	textElem  string
+)
+
+func (a int8Array) Dimensions() []pgtype.ArrayDimension { return flatDimensions(len(a), a == nil) }
+func (a int8Array) Index(i int) any                     { return (*int8Elem)(&a[i]) }
+func (a int8Array) IndexType() any                      { return new(int8Elem) }
+func (a textArray) Dimensions() []pgtype.ArrayDimension { return flatDimensions(len(a), a == nil) }
+func (a textArray) Index(i int) any                     { return (*textElem)(&a[i]) }
+func (a textArray) IndexType() any                      { return new(textElem) }
+
+func (e *int8Elem) Int64Value() (pgtype.Int8, error) {
+	return pgtype.Int8{Int64: int64(*e), Valid: true}, nil
+}
+func (e *textElem) TextValue() (pgtype.Text, error) {
+	return pgtype.Text{String: string(*e), Valid: true}, nil
+}
+
+// flatDimensions are the dimensions of a one-dimensional array of n elements; none (NULL) for
+// a nil slice.
+func flatDimensions(n int, null bool) []pgtype.ArrayDimension {
+	if null {
+		return nil
+	}
+	return []pgtype.ArrayDimension{{Length: int32(n), LowerBound: 1}}
 }
 
 func scanWritten(rows pgx.Rows, n int) ([]Written, error) {
 	defer rows.Close()
 	written := make([]Written, 0, n)
+	var id int64
+	var state internedText
+	var notified *bool
+	dest := []any{&id, &state, &notified} // given to Scan once: it escapes
 	for rows.Next() {
-		var w Written
-		var notified *bool
-		if err := rows.Scan(&w.ID, &w.State, &notified); err != nil {
+		if err := rows.Scan(dest...); err != nil {
 			return nil, fmt.Errorf("finish jobs: %w", err)
 		}
-		written = append(written, w)
+		written = append(written, Written{ID: id, State: state.s})
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("finish jobs: %w", err)
