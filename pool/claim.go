@@ -836,14 +836,48 @@ func (p *Pool) start(cj *store.ClaimedJob, sentAt time.Time) {
 	if p.events.wantsStarts() {
 		p.events.emit(true, JobEvent{Queue: j.claim.Queue, Kind: j.claim.Kind, State: store.StateRunning, Pickup: j.pickup()})
 	}
-	p.group.Go(func() error {
-		defer func() {
-			p.active.Add(-1)
-			p.poke(p.slotWake)
-		}()
-		p.execute(ctx, j)
-		return nil
-	})
+	p.runs.Add(1)
+	r := run{ctx: ctx, job: j}
+	select {
+	case p.idle <- r:
+	default:
+		go p.runner(r)
+	}
+}
+
+// run is one attempt handed to a runner.
+type run struct {
+	ctx context.Context
+	job *Job
+}
+
+// runner runs r, then, as an idle runner, the attempts start hands it, one after the other,
+// until Run returns. Handler goroutines are so kept from job to job rather than started for each:
+// for a short handler, a goroutine's start and the growth of its stack cost more than the job.
+// There are never more runners than attempts that ran at once (the claim loop claims no more
+// than the free slots): a handler that ignores cancellation keeps its runner, as it keeps its
+// slot. A handler that calls runtime.Goexit ends its runner (the attempt is accounted for as
+// before); one that locks its goroutine to its thread and leaves it locked leaves the next
+// attempts of that runner on that thread.
+func (p *Pool) runner(r run) {
+	for {
+		p.runOne(r)
+		select {
+		case r = <-p.idle:
+		case <-p.done:
+			return
+		}
+	}
+}
+
+// runOne executes one attempt and frees its slot.
+func (p *Pool) runOne(r run) {
+	defer func() {
+		p.active.Add(-1)
+		p.poke(p.slotWake)
+		p.runs.Done()
+	}()
+	p.execute(r.ctx, r.job)
 }
 
 // forget ends the job's supervision: no more renewals, no timeout.
