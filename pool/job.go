@@ -59,6 +59,7 @@ type Job struct {
 	stallSeen time.Time
 	timer     *time.Timer // the attempt's timeout, if any
 	output    atomic.Pointer[[]byte]
+	info      attemptInfo // what the handler's context carries (see Logger)
 }
 
 // newJob is the attempt of the claimed row cj, held by l.
