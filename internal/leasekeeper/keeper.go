@@ -126,8 +126,7 @@ func NewKeeper(db DB, cfg Config, leases func() []*Lease, log *slog.Logger, metr
 func (k *Keeper) Hold(parent context.Context, jobID, token int64, sentAt time.Time) (context.Context, *Lease) {
 	ctx, cancel := context.WithCancelCause(parent)
 	window := k.cfg.Duration - k.cfg.SafetyMargin
-	l := &Lease{JobID: jobID, Token: token, cancel: cancel, window: window, trustedUntil: sentAt.Add(window),
-		onEnd: k.ended}
+	l := &Lease{JobID: jobID, Token: token, cancel: cancel, window: window, trustedUntil: sentAt.Add(window), keeper: k}
 	// Armed only once assigned, so that expire always sees the timer.
 	l.timer = time.AfterFunc(time.Duration(math.MaxInt64), l.expire)
 	l.timer.Reset(time.Until(l.trustedUntil))

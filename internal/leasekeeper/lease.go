@@ -43,7 +43,7 @@ type Lease struct {
 	cancel    context.CancelCauseFunc
 	timer     *time.Timer
 	window    time.Duration // lease duration minus safety margin
-	onEnd     func(*Lease, error)
+	keeper    *Keeper // told of the end (see Keeper.ended); nil for a lease of no keeper
 	finishing atomic.Bool
 
 	mu           sync.Mutex
@@ -95,8 +95,8 @@ func (l *Lease) End(cause error) bool {
 		l.timer.Stop()
 	}
 	l.cancel(cause)
-	if l.onEnd != nil {
-		l.onEnd(l, cause)
+	if l.keeper != nil {
+		l.keeper.ended(l, cause)
 	}
 	return true
 }
