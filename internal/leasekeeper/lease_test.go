@@ -66,3 +66,46 @@ func TestFirstCauseWins(t *testing.T) {
 	}
 	k.Release(l)
 }
+
+// The leases of one claim share a trust watch: each still ends when its own trust window passes,
+// one renewed later than the others, one released before, one held late with the claim's
+// passed deadline (at once).
+func TestLeasesOfOneClaimEndEachAtItsDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		k := NewKeeper(nil, Config{Duration: 2 * time.Second, HeartbeatInterval: 500 * time.Millisecond}, nil, nil, nil)
+		sent := time.Now() // trusted until 1.6s unless renewed
+		ctxA, _ := k.Hold(context.Background(), 1, 1, sent)
+		ctxB, b := k.Hold(context.Background(), 2, 2, sent)
+		ctxC, c := k.Hold(context.Background(), 3, 3, sent)
+		time.Sleep(time.Second)
+		k.Release(c)
+		time.Sleep(500 * time.Millisecond)
+		b.confirm(time.Now()) // renewed at 1.5s: trusted until 3.1s
+		time.Sleep(200 * time.Millisecond)
+		synctest.Wait()
+		if !errors.Is(context.Cause(ctxA), ErrRenewalTimeout) {
+			t.Fatalf("at 1.7s, the lease not renewed: cause %v", context.Cause(ctxA))
+		}
+		if ctxB.Err() != nil {
+			t.Fatalf("at 1.7s, the renewed lease: cause %v", context.Cause(ctxB))
+		}
+		if c.Cause() != nil || context.Cause(ctxC) != context.Canceled {
+			t.Fatalf("the released lease: cause %v, context %v", c.Cause(), context.Cause(ctxC))
+		}
+		// A lease of the same claim held only now is past its trust already: it ends at once, not
+		// when the renewed one's trust runs out.
+		ctxD, _ := k.Hold(context.Background(), 4, 4, sent)
+		synctest.Wait()
+		if !errors.Is(context.Cause(ctxD), ErrRenewalTimeout) {
+			t.Fatalf("the lease held past its trust: cause %v", context.Cause(ctxD))
+		}
+		time.Sleep(1500 * time.Millisecond) // 3.2s
+		synctest.Wait()
+		if !errors.Is(context.Cause(ctxB), ErrRenewalTimeout) {
+			t.Fatalf("at 3.2s, the renewed lease: cause %v", context.Cause(ctxB))
+		}
+		if n := k.metrics.EndedTimeout.Load(); n != 3 {
+			t.Fatalf("%d timeouts counted; want 3", n)
+		}
+	})
+}
