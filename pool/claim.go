@@ -802,7 +802,11 @@ func (p *Pool) startAll(jobs []store.ClaimedJob, sentAt time.Time) {
 
 // takeOutcomes takes the outcomes waiting for the finisher, without waiting.
 func (p *Pool) takeOutcomes() []finishItem {
-	var items []finishItem
+	n := min(len(p.finishCh), finishBatch)
+	if n == 0 {
+		return nil
+	}
+	items := make([]finishItem, 0, n) // more may come meanwhile: append makes room
 	for len(items) < finishBatch {
 		select {
 		case it := <-p.finishCh:
