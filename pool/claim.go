@@ -819,8 +819,9 @@ func (p *Pool) takeOutcomes() []finishItem {
 }
 
 func (p *Pool) start(cj *store.ClaimedJob, sentAt time.Time) {
-	ctx, l := p.keeper.Hold(p.jobsCtx, cj.ID, cj.Token, sentAt)
-	j := newJob(*cj, l, p.db)
+	j := newJob(*cj, p.db)
+	l := j.lease
+	ctx := p.keeper.HoldIn(l, p.jobsCtx, cj.ID, cj.Token, sentAt)
 	if d := cmp.Or(cj.Timeout, p.cfg.Timeouts[cj.Kind]); d > 0 {
 		// Ends the lease: the handler's context is cancelled with the timeout, and the lease is
 		// no longer renewed, so a handler that ignores it is settled by a rescuer.

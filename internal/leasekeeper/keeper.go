@@ -122,15 +122,22 @@ func NewKeeper(db DB, cfg Config, leases func() []*Lease, log *slog.Logger, metr
 }
 
 // Hold makes the lease of a claim made by a statement sent at sentAt (taken before sending, on
-// the monotonic clock), its trust window watched (see trustWatch). It returns the job's context, derived from
-// parent and cancelled with the lease's cause when the lease ends. The caller registers it
-// where the Keeper's leases function finds it.
+// the monotonic clock), its trust window watched (see trustWatch). It returns the job's context,
+// derived from parent and cancelled with the lease's cause when the lease ends. The caller
+// registers it where the Keeper's leases function finds it.
 func (k *Keeper) Hold(parent context.Context, jobID, token int64, sentAt time.Time) (context.Context, *Lease) {
+	l := new(Lease)
+	return k.HoldIn(l, parent, jobID, token, sentAt), l
+}
+
+// HoldIn is Hold with the lease in l, a zero Lease the caller allocated (as part of the job's
+// own state, say), never used before.
+func (k *Keeper) HoldIn(l *Lease, parent context.Context, jobID, token int64, sentAt time.Time) context.Context {
 	ctx, cancel := context.WithCancelCause(parent)
 	window := k.cfg.Duration - k.cfg.SafetyMargin
-	l := &Lease{JobID: jobID, Token: token, cancel: cancel, window: window, trustedUntil: sentAt.Add(window), keeper: k}
+	l.JobID, l.Token, l.cancel, l.window, l.trustedUntil, l.keeper = jobID, token, cancel, window, sentAt.Add(window), k
 	k.watchTrust(l, sentAt)
-	return ctx, l
+	return ctx
 }
 
 // ended counts a lease's end, and logs the one cause nobody else reports: the trust window
