@@ -71,7 +71,8 @@ type attemptState struct {
 // the Config.Hooks started, and records what the handler returned for the observers.
 func (p *Pool) runAttempt(ctx context.Context, j *Job) error {
 	j.info = attemptInfo{job: j, base: p.log}
-	ctx = context.WithValue(ctx, attemptKey{}, &j.info)
+	j.ctx = attemptCtx{Context: ctx, info: &j.info}
+	ctx = &j.ctx
 	if len(p.cfg.Hooks) > 0 {
 		ctx = p.startHooks(ctx, j)
 	}

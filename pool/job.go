@@ -61,6 +61,7 @@ type Job struct {
 	timer     *time.Timer // the attempt's timeout, if any
 	output    atomic.Pointer[[]byte]
 	info      attemptInfo // what the handler's context carries (see Logger)
+	ctx       attemptCtx  // the handler's context
 }
 
 // newJob is the attempt of the claimed row cj; its lease, j.lease, is to be held (Keeper.HoldIn).
