@@ -273,8 +273,9 @@ func (s *claimState) recheck(p *Pool, w *waiting, full, waited, gathering bool) 
 	case full || s.failed || s.idleSince.IsZero():
 		return 0
 	case !w.registered && waited:
-		// Registering failed (and is tried again at the next poll): poll, not spin.
-		return 0
+		// Registering failed: claim and try again when it is due (backing off up to the poll
+		// interval), not spin.
+		return max(time.Until(w.retryAt), time.Millisecond)
 	case !w.registered:
 		return p.cfg.Engine.IdlePollInterval
 	case w.rechecks < registeredRechecks:
@@ -384,7 +385,11 @@ type waiting struct {
 	key        string    // the queue view's waitable key at the registration
 	polls      int       // polls since the registration
 	failing    bool      // the last registration failed (and was warned about)
+	failures   int       // registrations failed in a row
 }
+
+// registerRetryMin is how soon a failed registration is tried again the first time.
+const registerRetryMin = 50 * time.Millisecond
 
 // stale reports whether the queues to wait on have changed in the view since the registration.
 func (w *waiting) stale() bool {
@@ -435,12 +440,15 @@ func (w *waiting) registerFor(ctx context.Context, atPoll bool) (ok, claim bool)
 				level = slog.LevelWarn
 			}
 			p.log.Log(ctx, level, "registering as waiting for work failed; polling instead", slog.Any("err", err))
-			w.failing = true
 		}
-		w.retryAt = time.Now().Add(p.cfg.PollInterval)
+		// Tried again soon (a lock held for a moment, a vacuum truncating the table), then less
+		// and less often, up to once per poll interval.
+		w.retryAt = time.Now().Add(min(registerRetryMin<<min(w.failures, 16), p.cfg.PollInterval))
+		w.failing = true
+		w.failures++
 		return false, true
 	}
-	w.failing = false
+	w.failing, w.failures = false, 0
 	if !w.registered {
 		w.rechecks, w.polls = 0, 0
 	}

@@ -166,3 +166,37 @@ func TestResumeLostAtACoveredPoll(t *testing.T) {
 	insert(t, db, "noop", nil, &pool.InsertOpts{Queue: "b"})
 	b.events.wait(t, 1, 5*time.Second)
 }
+
+// A registration that fails for a while (here the waiting hint's lock held by another
+// transaction past the registration's lock bound) is tried again soon after, backing off: the
+// pool waits for wake-ups again within moments of the lock's release, not at its next poll.
+func TestFailedRegistrationIsRetriedSoon(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	ctx := context.Background()
+	cfg := fastConfig()
+	cfg.Concurrency = 1 // each job fills the pool: it unregisters and registers again after it
+	cfg.PollInterval = time.Minute
+	ps, b := fleet(t, db, 1, cfg, map[string]pool.Handler{"noop": noop()})
+	settle(t, ps)
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `SELECT FROM leash.waiting_hint_lock FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	insert(t, db, "noop", nil, nil)
+	b.events.wait(t, 1, 10*time.Second)
+	// Registrations fail meanwhile: the hint's trigger waits 1 s for the lock, then gives up.
+	time.Sleep(3 * time.Second)
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	released := time.Now()
+	waitPickable(t, db, 1)
+	if d := time.Since(released); d > 5*time.Second {
+		t.Fatalf("registered again %s after the lock was released", d.Round(time.Millisecond))
+	}
+}

@@ -39,10 +39,10 @@ func UnregisterWaiter(ctx context.Context, db DBTX, waiter string) error {
 }
 
 // waitersLockTimeout bounds how long a statement on a waiter's own rows waits for a lock on
-// them: an insert's trigger holds a waiter's row from its pick to its commit, and a forgotten
-// transaction may hold any row. The claim loop waits for these statements; past the bound they
+// them: an insert's trigger holds a waiter's row from its pick to its commit, a vacuum truncating
+// the table holds it for a moment, and a forgotten transaction may hold any row. The claim loop waits for these statements; past the bound they
 // fail (SQLSTATE 55P03) and the worker polls instead until the next try.
-const waitersLockTimeout = "100ms"
+const waitersLockTimeout = "500ms"
 
 // Wake is how a waiter of this release is woken (see sql/016_targeted_wakes.sql).
 type Wake struct {

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -94,6 +95,8 @@ func TestWorkflowPage(t *testing.T) {
 // Revoke workflow cancels the unfinished ones.
 func TestWorkflowPageInBrowser(t *testing.T) {
 	t.Parallel()
+	browserMu.Lock()
+	defer browserMu.Unlock()
 	browser, err := exec.LookPath("chromium")
 	if err != nil {
 		if os.Getenv("LEASH_REQUIRE_BROWSER") != "" {
@@ -143,3 +146,6 @@ func TestWorkflowPageInBrowser(t *testing.T) {
 		t.Fatalf("load (cancelled) drawn in %q, %v", fill, err)
 	}
 }
+
+// browserMu keeps the browser tests of this package to one browser at a time.
+var browserMu sync.Mutex
