@@ -28,7 +28,7 @@ import (
 
 var (
 	flagJobs  = flag.Int("jobs", 50000, "jobs in each burn-down")
-	flagOnly  = flag.String("only", "", "comma-separated scenarios to run (burn,burn2000,capped,producers,steady,pickup,revoke,heartbeat,scale,memory,ablation,fleet,workflow; sustained and cpu run only when named)")
+	flagOnly  = flag.String("only", "", "comma-separated scenarios to run (burn,burn2000,capped,producers,steady,pickup,revoke,heartbeat,scale,memory,ablation,fleet,workflow (wfchain, wffanout: its parts); sustained and cpu run only when named)")
 	flagFsync = flag.Bool("fsync", true, "run the private cluster with durable commits (fsync on), as production databases run; false for the old, faster setting")
 )
 
@@ -140,6 +140,10 @@ func main() {
 	run("ablation", b.ablation)
 	run("fleet", b.fleet)
 	run("workflow", b.workflows)
+	if !only["workflow"] {
+		run("wfchain", b.workflowChain) // parts of workflow, on their own
+		run("wffanout", b.workflowFanOut)
+	}
 	b.print()
 }
 

@@ -22,6 +22,14 @@ const (
 // previous one; and the burn-down with and without the workflow triggers (their cost to jobs
 // outside workflows).
 func (b *bench) workflows(ctx context.Context) {
+	b.workflowFanOut(ctx)
+	b.workflowChain(ctx)
+	b.workflowTriggers(ctx)
+}
+
+// workflowFanOut: a job adding workflowChildren children and a join, against a burn-down of as
+// many independent jobs.
+func (b *bench) workflowFanOut(ctx context.Context) {
 	scenario := fmt.Sprintf("workflow fan-out %d + join, 100 workers", workflowChildren)
 	logf("%s", scenario)
 	var joinLatency []time.Duration
@@ -36,16 +44,22 @@ func (b *bench) workflows(ctx context.Context) {
 		}},
 	})
 	b.addLatencies(scenario, "join start after last child", "", joinLatency, 50)
+}
 
-	scenario = fmt.Sprintf("workflow chain of %d", workflowChain)
+// workflowChain: a chain of workflowChain jobs, each waiting for the previous one.
+func (b *bench) workflowChain(ctx context.Context) {
+	scenario := fmt.Sprintf("workflow chain of %d", workflowChain)
 	logf("%s", scenario)
 	var links []time.Duration
 	for range *flagRepeat {
 		links = append(links, b.chain(ctx)...)
 	}
 	b.addLatencies(scenario, "per link", "", links, 50, 99)
+}
 
-	scenario = fmt.Sprintf("burn-down %d, 100 workers, workflow triggers", *flagJobs)
+// workflowTriggers: the burn-down with and without the workflow triggers.
+func (b *bench) workflowTriggers(ctx context.Context) {
+	scenario := fmt.Sprintf("burn-down %d, 100 workers, workflow triggers", *flagJobs)
 	logf("%s", scenario)
 	b.trials(scenario, "jobs/s", "jobs/s", []trial{
 		{system: "leash, triggers dropped", higherBetter: true, run: func() float64 {

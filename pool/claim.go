@@ -739,6 +739,7 @@ func (p *Pool) claimUncapped(sctx context.Context, queues []string, limit int) (
 			written[w.ID] = w.State
 		}
 		p.settleAll(items, written)
+		p.wakeForFreed(ws)
 	}
 	if err != nil {
 		return 0, err

@@ -203,6 +203,7 @@ func (p *Pool) write(items []finishItem, written map[int64]string) {
 			for _, w := range ws {
 				written[w.ID] = w.State
 			}
+			p.wakeForFreed(ws)
 			return
 		}
 		if rejected(err) {
@@ -226,6 +227,19 @@ func (p *Pool) write(items []finishItem, written map[int64]string) {
 		}
 		time.Sleep(backoff)
 		backoff = min(backoff*2, 200*time.Millisecond)
+	}
+}
+
+// wakeForFreed wakes the claim loop when a written outcome finished a job of a workflow: the
+// same commit may have made jobs waiting for it claimable, and claiming now saves a link of a
+// chain the round trip of a notification (or the wait for a poll when none was sent, the loop
+// not being registered as waiting). A claim that finds nothing costs one empty claim.
+func (p *Pool) wakeForFreed(ws []store.Written) {
+	for i := range ws {
+		if ws[i].Frees {
+			p.poke(p.wake)
+			return
+		}
 	}
 }
 

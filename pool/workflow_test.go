@@ -250,3 +250,68 @@ func TestRevokeWorkflowStopsRunningAndCancelsRest(t *testing.T) {
 		}
 	}
 }
+
+// The pool that writes the outcome completing a job's last dependency claims that job at once,
+// whether or not a notification reaches it: here the pool waits for wake-ups (registered, so a
+// freed slot does not make it claim), the notification of the release is lost (the waiting hint
+// says no one waits), and the poll is a minute away; yet the second job of a chain starts as
+// soon as the first one's outcome is written.
+func TestWorkflowReleasedJobClaimedWithoutAPoll(t *testing.T) {
+	t.Parallel()
+	started := make(chan string, 2)
+	finishA := make(chan struct{})
+	step := pool.HandlerFunc(func(ctx context.Context, j *pool.Job) error {
+		var p struct{ Step string }
+		if err := json.Unmarshal(j.Payload, &p); err != nil {
+			return err
+		}
+		started <- p.Step
+		if p.Step == "a" {
+			<-finishA
+		}
+		return nil
+	})
+	cfg := fastConfig()
+	cfg.PollInterval = time.Minute
+	p, b := setup(t, nil, cfg, map[string]pool.Handler{"step": step})
+	ctx := context.Background()
+	if _, err := pool.InsertWorkflow(ctx, b.db, "chain", []pool.WorkflowJob{
+		{Step: "a", Kind: "step", Payload: map[string]string{"step": "a"}},
+		{Step: "b", Kind: "step", Payload: map[string]string{"step": "b"}, DependsOn: []string{"a"}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	start(t, p)
+	if got := <-started; got != "a" {
+		t.Fatalf("started %s first", got)
+	}
+	// Wait for the pool to register as waiting, then lose every notification: the hint the
+	// release reads says nobody waits.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var n int
+		if err := b.db.QueryRow(ctx, `SELECT count(*) FROM leash.waiters WHERE expires_at > now() AND woken_at IS NULL`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the pool never registered as waiting")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	time.Sleep(100 * time.Millisecond) // past the registration's re-checks (at most 63 ms)
+	if _, err := b.db.Exec(ctx, `SELECT setval('leash.waiting_until', 0)`); err != nil {
+		t.Fatal(err)
+	}
+	close(finishA)
+	select {
+	case got := <-started:
+		if got != "b" {
+			t.Fatalf("started %s, want b", got)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("b not started within 10s of a's end (the poll is a minute away)")
+	}
+}

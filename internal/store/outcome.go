@@ -53,6 +53,9 @@ type AttemptError struct {
 type Written struct {
 	ID    int64
 	State string // as stored, after the database's revocation rule
+	// Frees: the job is in a workflow and has finished (completed, failed or cancelled), so its
+	// outcome may have made jobs waiting for it claimable, in the same transaction.
+	Frees bool
 }
 
 func (o *Outcome) encodeError() (*string, error) {
@@ -243,12 +246,13 @@ func scanWritten(rows pgx.Rows, n int) ([]Written, error) {
 	var id int64
 	var state internedText
 	var notified *bool
-	dest := []any{&id, &state, &notified} // given to Scan once: it escapes
+	var frees bool
+	dest := []any{&id, &state, &notified, &frees} // given to Scan once: it escapes
 	for rows.Next() {
 		if err := rows.Scan(dest...); err != nil {
 			return nil, fmt.Errorf("finish jobs: %w", err)
 		}
-		written = append(written, Written{ID: id, State: state.s})
+		written = append(written, Written{ID: id, State: state.s, Frees: frees})
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("finish jobs: %w", err)
@@ -287,7 +291,8 @@ const finishSQL = `
 		FROM u
 		WHERE j.id = u.id
 		RETURNING j.id, j.state,
-		    CASE WHEN j.state IN ('available', 'retryable') AND j.run_at <= now() THEN leash.notify_available(j.queue) END`
+		    CASE WHEN j.state IN ('available', 'retryable') AND j.run_at <= now() THEN leash.notify_available(j.queue) END,
+		    j.workflow_id IS NOT NULL AND j.state IN ('completed', 'failed', 'cancelled')`
 
 // errorsHistorySQL is j.errors, the history an entry is appended to (history || [entry]), unless
 // its stored size passes 1 MiB: then a note of the entries dropped replaces it. Any SQL

@@ -49,20 +49,30 @@ const insertWorkflowJobsSQL = `
 	)
 	SELECT ins.id FROM ins JOIN j ON j.step OPERATOR(pg_catalog.=) ins.step ORDER BY j.ord`
 
-// InsertWorkflowJobs inserts jobs into workflow wid in one statement and returns their ids in
-// the order of jobs. Run it in a transaction: the graph is checked, and jobs with dependencies
-// settled, when it commits.
+// copyWorkflowJobsMin is the number of jobs from which InsertWorkflowJobs copies them in
+// (COPY, then one read of their ids) rather than inserting them with one statement: COPY takes
+// half the time of the statement for thousands of jobs, and one round trip more.
+const copyWorkflowJobsMin = 256
+
+// InsertWorkflowJobs inserts jobs into workflow wid in one statement (a COPY when there are many
+// and tx can copy) and returns their ids in the order of jobs. Run it in a transaction: the graph
+// is checked, and jobs with dependencies settled, when it commits.
 func InsertWorkflowJobs(ctx context.Context, tx DBTX, wid int64, jobs []WorkflowJob) ([]int64, error) {
 	n := len(jobs)
+	for i := range jobs {
+		if jobs[i].Params.UniqueKey != "" {
+			return nil, fmt.Errorf("insert workflow jobs: step %q: a job of a workflow has no unique key", jobs[i].Step)
+		}
+	}
+	if c, ok := tx.(copier); ok && n >= copyWorkflowJobsMin {
+		return copyWorkflowJobs(ctx, tx, c, wid, jobs)
+	}
 	queues, kinds, payloads := make([]string, n), make([]string, n), make([]*string, n)
 	prios, attempts := make([]int16, n), make([]int32, n)
 	runAts, delays, timeouts := make([]pgtype.Timestamptz, n), make([]pgtype.Interval, n), make([]pgtype.Interval, n)
 	traces, steps, deps, mayFail := make([]*string, n), make([]string, n), make([]*string, n), make([]bool, n)
 	for i := range jobs {
 		p := &jobs[i].Params
-		if p.UniqueKey != "" {
-			return nil, fmt.Errorf("insert workflow jobs: step %q: a job of a workflow has no unique key", jobs[i].Step)
-		}
 		queues[i], kinds[i], prios[i], attempts[i] = p.Queue, p.Kind, p.Priority, p.MaxAttempts
 		if p.Payload != nil {
 			s := string(p.Payload)
@@ -100,6 +110,86 @@ func InsertWorkflowJobs(ctx context.Context, tx DBTX, wid int64, jobs []Workflow
 	}
 	if len(ids) != n {
 		return nil, fmt.Errorf("insert workflow jobs: %d of %d inserted", len(ids), n)
+	}
+	return ids, nil
+}
+
+// copier is a transaction that can COPY.
+type copier interface {
+	CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error)
+}
+
+// copyWorkflowJobs is InsertWorkflowJobs by COPY: the jobs' rows are copied in, in order (the
+// same triggers fire for each), then their ids are read by (workflow, step), which the unique
+// index of a workflow's steps maps to one job each.
+func copyWorkflowJobs(ctx context.Context, tx DBTX, c copier, wid int64, jobs []WorkflowJob) ([]int64, error) {
+	scheduled := false
+	for i := range jobs {
+		scheduled = scheduled || jobs[i].Params.scheduled()
+	}
+	var now time.Time
+	if scheduled {
+		if err := tx.QueryRow(ctx, "SELECT pg_catalog.now()").Scan(&now); err != nil {
+			return nil, fmt.Errorf("insert workflow jobs: read database clock: %w", err)
+		}
+	}
+	cols := []string{"queue", "kind", "payload", "priority", "max_attempts", "timeout", "trace_context",
+		"workflow_id", "step", "depends_on", "may_fail"}
+	if scheduled {
+		cols = append(cols, "run_at")
+	}
+	steps := make([]string, len(jobs))
+	_, err := c.CopyFrom(ctx, pgx.Identifier{"leash", "jobs"}, cols, pgx.CopyFromSlice(len(jobs), func(i int) ([]any, error) {
+		j := &jobs[i]
+		p := &j.Params
+		steps[i] = j.Step
+		payload := p.Payload
+		if payload == nil {
+			payload = []byte("{}")
+		}
+		var deps any
+		if len(j.DependsOn) > 0 {
+			deps = j.DependsOn
+		}
+		var mayFail any
+		if j.MayFail {
+			mayFail = true
+		}
+		r := []any{p.Queue, p.Kind, string(payload), p.Priority, p.MaxAttempts, nullInterval(p.Timeout),
+			nullJSON(p.TraceContext), wid, j.Step, deps, mayFail}
+		if scheduled {
+			runAt := p.RunAt
+			if runAt.IsZero() {
+				runAt = now.Add(p.Delay)
+			}
+			r = append(r, runAt)
+		}
+		return r, nil
+	}))
+	if err != nil {
+		return nil, explainInsertError("insert workflow jobs", err)
+	}
+	rows, err := tx.Query(ctx, `
+		SELECT id, step FROM leash.jobs
+		WHERE workflow_id OPERATOR(pg_catalog.=) $1 AND step OPERATOR(pg_catalog.=) ANY ($2::text[])`, wid, steps)
+	if err != nil {
+		return nil, fmt.Errorf("insert workflow jobs: read their ids: %w", err)
+	}
+	byStep := make(map[string]int64, len(jobs))
+	var id int64
+	var step string
+	if _, err := pgx.ForEachRow(rows, []any{&id, &step}, func() error {
+		byStep[step] = id
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("insert workflow jobs: read their ids: %w", err)
+	}
+	ids := make([]int64, len(jobs))
+	for i := range jobs {
+		var ok bool
+		if ids[i], ok = byStep[jobs[i].Step]; !ok {
+			return nil, fmt.Errorf("insert workflow jobs: step %q not found after its insert", jobs[i].Step)
+		}
 	}
 	return ids, nil
 }

@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -467,5 +468,124 @@ func TestWorkflowHostileSizes(t *testing.T) {
 		if _, err := db.Exec(ctx, `INSERT INTO leash.workflows (name) VALUES ($1)`, bad+bad); err == nil {
 			t.Errorf("a %d-byte workflow name was stored", 2*len(bad))
 		}
+	}
+}
+
+// A workflow large enough to be copied in writes the same rows as one inserted by the statement,
+// in chunks below the copy's threshold: states, unmet counts, dependencies, may_fail, payloads,
+// priorities, attempts, schedules, timeouts and trace contexts; and the ids returned are each
+// step's own, in the order given.
+func TestWorkflowCopiedAsInserted(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	n := store.CopyWorkflowJobsMin + 44
+	jobs := make([]store.WorkflowJob, n)
+	for i := range jobs {
+		j := store.WorkflowJob{Step: fmt.Sprintf("s%03d", n-i), Params: store.InsertParams{
+			Queue: "default", Kind: "k", MaxAttempts: int32(1 + i%5), Priority: int16(i % 3),
+			Payload: []byte(fmt.Sprintf(`{"i": %d}`, i)),
+		}}
+		switch i % 6 {
+		case 1:
+			j.DependsOn = []string{jobs[i-1].Step}
+		case 2:
+			j.DependsOn = []string{jobs[0].Step, jobs[i-1].Step}
+			j.MayFail = true
+		case 3:
+			j.Params.Delay = time.Hour
+		case 4:
+			j.Params.Timeout = 1500 * time.Millisecond
+			j.Params.TraceContext = []byte(`{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}`)
+		case 5:
+			j.Params.RunAt = time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+		}
+		jobs[i] = j
+	}
+	insert := func(chunk int) (int64, []int64) {
+		tx, err := db.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx)
+		wid := newWorkflow(t, tx)
+		var ids []int64
+		for from := 0; from < n; from += chunk {
+			got, err := store.InsertWorkflowJobs(ctx, tx, wid, jobs[from:min(from+chunk, n)])
+			if err != nil {
+				t.Fatal(err)
+			}
+			ids = append(ids, got...)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return wid, ids
+	}
+	copied, copiedIDs := insert(n)
+	inserted, insertedIDs := insert(store.CopyWorkflowJobsMin - 1)
+	read := func(wid int64, ids []int64) []string {
+		rows, err := db.Query(ctx, `
+			SELECT format('%s %s %s %s %s %s %s run_at+%s %s %s %s %s %s', j.step, j.queue, j.kind, j.payload, j.priority,
+			              j.max_attempts, j.state, CASE WHEN j.run_at > '2029-01-01' THEN j.run_at::text
+			                                            ELSE (j.run_at - j.created_at)::text END,
+			              j.timeout, j.trace_context, j.depends_on, j.may_fail, j.unmet)
+			FROM unnest($2::bigint[]) WITH ORDINALITY AS i(id, ord) JOIN leash.jobs j ON j.id = i.id
+			WHERE j.workflow_id = $1 ORDER BY i.ord`, wid, ids)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	a, b := read(copied, copiedIDs), read(inserted, insertedIDs)
+	if len(a) != n || len(b) != n {
+		t.Fatalf("read %d copied and %d inserted jobs by the ids returned, want %d each", len(a), len(b), n)
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			t.Errorf("job %d: copied %q, inserted %q", i, a[i], b[i])
+		}
+		if !strings.HasPrefix(a[i], jobs[i].Step+" ") {
+			t.Errorf("id %d returned for step %s is job %q", copiedIDs[i], jobs[i].Step, a[i])
+		}
+	}
+}
+
+// The insert trigger skips its function only for a job it would leave unchanged: after the first
+// job of a workflow in a transaction, a job written 'pending' without dependencies is still made
+// available, an unmet count written by hand is still dropped, and a job naming a workflow that
+// does not exist is still refused.
+func TestWorkflowInsertSkipsOnlyWhatItWouldNotChange(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	wid := newWorkflow(t, tx)
+	exec(t, tx, `INSERT INTO leash.jobs (kind, workflow_id, step) VALUES ('k', $1, 'first')`, wid)
+	exec(t, tx, `INSERT INTO leash.jobs (kind, workflow_id, step, state, unmet) VALUES
+		('k', $1, 'plain', 'available', NULL), ('k', $1, 'pending', 'pending', NULL), ('k', $1, 'counted', 'available', 7)`, wid)
+	rows, err := tx.Query(ctx, `SELECT format('%s %s %s', step, state, coalesce(unmet::text, '-')) FROM leash.jobs WHERE workflow_id = $1 ORDER BY id`, wid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"first available -", "plain available -", "pending available -", "counted available -"}
+	if strings.Join(got, ", ") != strings.Join(want, ", ") {
+		t.Errorf("jobs %v, want %v", got, want)
+	}
+	_, err = tx.Exec(ctx, `INSERT INTO leash.jobs (kind, workflow_id, step) VALUES ('k', $1, 'x'), ('k', $1 + 1000, 'y')`, wid)
+	if err == nil || !strings.Contains(err.Error(), "does not exist") {
+		t.Fatalf("a job of a workflow that does not exist, after one of an existing workflow: %v; want it refused", err)
 	}
 }
