@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	"math/rand/v2"
+	"runtime/pprof"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -872,10 +873,13 @@ type run struct {
 // than the free slots): a handler that ignores cancellation keeps its runner, as it keeps its
 // slot. A handler that calls runtime.Goexit ends its runner (the attempt is accounted for as
 // before); one that locks its goroutine to its thread and leaves it locked leaves the next
-// attempts of that runner on that thread.
+// attempts of that runner on that thread. The profiler labels a handler set on its goroutine
+// (pprof.SetGoroutineLabels) end with its attempt: the runner takes those of Run's context
+// again, which a goroutine started for the next attempt would have had.
 func (p *Pool) runner(r run) {
 	for {
 		p.runOne(r)
+		pprof.SetGoroutineLabels(p.jobsCtx)
 		select {
 		case r = <-p.idle:
 		case <-p.done:
