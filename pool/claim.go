@@ -869,8 +869,9 @@ type run struct {
 // runner runs r, then, as an idle runner, the attempts start hands it, one after the other,
 // until Run returns. Handler goroutines are so kept from job to job rather than started for each:
 // for a short handler, a goroutine's start and the growth of its stack cost more than the job.
-// There are never more runners than attempts that ran at once (the claim loop claims no more
-// than the free slots): a handler that ignores cancellation keeps its runner, as it keeps its
+// Runners are about as many as the slots (the claim loop claims no more than the free slots), a
+// few more when a freed slot was taken again before its runner was back waiting (a new one
+// starts then, and stays): a handler that ignores cancellation keeps its runner, as it keeps its
 // slot. A handler that calls runtime.Goexit ends its runner (the attempt is accounted for as
 // before); one that locks its goroutine to its thread and leaves it locked leaves the next
 // attempts of that runner on that thread. The profiler labels a handler set on its goroutine
