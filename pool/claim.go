@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	"math/rand/v2"
+	"runtime/pprof"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -828,8 +829,9 @@ func (p *Pool) takeOutcomes() []finishItem {
 }
 
 func (p *Pool) start(cj *store.ClaimedJob, sentAt time.Time) {
-	ctx, l := p.keeper.Hold(p.jobsCtx, cj.ID, cj.Token, sentAt)
-	j := newJob(*cj, l, p.db)
+	j := newJob(*cj, p.db)
+	l := j.lease
+	ctx := p.keeper.HoldIn(l, p.jobsCtx, cj.ID, cj.Token, sentAt)
 	if d := cmp.Or(cj.Timeout, p.cfg.Timeouts[cj.Kind]); d > 0 {
 		// Ends the lease: the handler's context is cancelled with the timeout, and the lease is
 		// no longer renewed, so a handler that ignores it is settled by a rescuer.
@@ -849,14 +851,52 @@ func (p *Pool) start(cj *store.ClaimedJob, sentAt time.Time) {
 	if p.events.wantsStarts() {
 		p.events.emit(true, JobEvent{Queue: j.claim.Queue, Kind: j.claim.Kind, State: store.StateRunning, Pickup: j.pickup()})
 	}
-	p.group.Go(func() error {
-		defer func() {
-			p.active.Add(-1)
-			p.poke(p.slotWake)
-		}()
-		p.execute(ctx, j)
-		return nil
-	})
+	p.runs.Add(1)
+	r := run{ctx: ctx, job: j}
+	select {
+	case p.idle <- r:
+	default:
+		go p.runner(r)
+	}
+}
+
+// run is one attempt handed to a runner.
+type run struct {
+	ctx context.Context
+	job *Job
+}
+
+// runner runs r, then, as an idle runner, the attempts start hands it, one after the other,
+// until Run returns. Handler goroutines are so kept from job to job rather than started for each:
+// for a short handler, a goroutine's start and the growth of its stack cost more than the job.
+// Runners are about as many as the slots (the claim loop claims no more than the free slots), a
+// few more when a freed slot was taken again before its runner was back waiting (a new one
+// starts then, and stays): a handler that ignores cancellation keeps its runner, as it keeps its
+// slot. A handler that calls runtime.Goexit ends its runner (the attempt is accounted for as
+// before); one that locks its goroutine to its thread and leaves it locked leaves the next
+// attempts of that runner on that thread. The profiler labels a handler set on its goroutine
+// (pprof.SetGoroutineLabels) end with its attempt: the runner takes those of Run's context
+// again, which a goroutine started for the next attempt would have had.
+func (p *Pool) runner(r run) {
+	for {
+		p.runOne(r)
+		pprof.SetGoroutineLabels(p.jobsCtx)
+		select {
+		case r = <-p.idle:
+		case <-p.done:
+			return
+		}
+	}
+}
+
+// runOne executes one attempt and frees its slot.
+func (p *Pool) runOne(r run) {
+	defer func() {
+		p.active.Add(-1)
+		p.poke(p.slotWake)
+		p.runs.Done()
+	}()
+	p.execute(r.ctx, r.job)
 }
 
 // forget ends the job's supervision: no more renewals, no timeout.

@@ -110,7 +110,7 @@ func (p *Pool) observe(j *Job, state string, dur time.Duration, stale bool) {
 // were abandoned.
 func (p *Pool) drain(grace context.Context) (cancelled, abandoned int) {
 	all := make(chan struct{})
-	go func() { p.group.Wait(); close(all) }()
+	go func() { p.runs.Wait(); close(all) }()
 	select {
 	case <-all:
 		return 0, 0

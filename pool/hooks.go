@@ -70,7 +70,9 @@ type attemptState struct {
 // runAttempt runs the handler of j under ctx, with the attempt's values attached (Logger) and
 // the Config.Hooks started, and records what the handler returned for the observers.
 func (p *Pool) runAttempt(ctx context.Context, j *Job) error {
-	ctx = context.WithValue(ctx, attemptKey{}, &attemptInfo{job: j, base: p.log})
+	j.info = attemptInfo{job: j, base: p.log}
+	j.ctx = attemptCtx{Context: ctx, info: &j.info}
+	ctx = &j.ctx
 	if len(p.cfg.Hooks) > 0 {
 		ctx = p.startHooks(ctx, j)
 	}

@@ -50,8 +50,9 @@ type Job struct {
 	// claim is the claimed row as read, which leash's own writes, events and logs use: the
 	// exported fields above are the handler's copy, and changing them changes nothing leash does.
 	claim     store.ClaimedJob
-	lease     *leasekeeper.Lease
-	err       error // what the handler returned, for AttemptObserver
+	lease     *leasekeeper.Lease // &held
+	held      leasekeeper.Lease  // the lease, in the job's own allocation
+	err       error              // what the handler returned, for AttemptObserver
 	db        DB
 	doneInTx  atomic.Bool
 	fenced    atomic.Bool // a fenced write was staged in some transaction of the handler's
@@ -59,14 +60,18 @@ type Job struct {
 	stallSeen time.Time
 	timer     *time.Timer // the attempt's timeout, if any
 	output    atomic.Pointer[[]byte]
+	info      attemptInfo // what the handler's context carries (see Logger)
+	ctx       attemptCtx  // the handler's context
 }
 
-// newJob is the attempt of the claimed row cj, held by l.
-func newJob(cj store.ClaimedJob, l *leasekeeper.Lease, db DB) *Job {
-	return &Job{ID: cj.ID, Queue: cj.Queue, Kind: cj.Kind, Payload: cj.Payload, Priority: cj.Priority,
+// newJob is the attempt of the claimed row cj; its lease, j.lease, is to be held (Keeper.HoldIn).
+func newJob(cj store.ClaimedJob, db DB) *Job {
+	j := &Job{ID: cj.ID, Queue: cj.Queue, Kind: cj.Kind, Payload: cj.Payload, Priority: cj.Priority,
 		Attempt: int(cj.Attempt), MaxAttempts: int(cj.MaxAttempts), Token: cj.Token, CreatedAt: cj.CreatedAt,
 		RunAt: cj.RunAt, AttemptedAt: cj.AttemptedAt, TraceContext: decodeTraceContext(cj.TraceContext),
-		claim: cj, lease: l, db: db, started: time.Now()}
+		claim: cj, db: db, started: time.Now()}
+	j.lease = &j.held
+	return j
 }
 
 // MaxOutputBytes bounds the JSON a handler may record with SetOutput.

@@ -9,6 +9,21 @@ import (
 // attemptKey is the context key of a running attempt's attemptInfo.
 type attemptKey struct{}
 
+// attemptCtx is a handler's context: its lease's, carrying the attempt's attemptInfo under
+// attemptKey, as context.WithValue's would, in the job's own allocation.
+type attemptCtx struct {
+	context.Context
+	info *attemptInfo
+}
+
+// Value implements context.Context.
+func (c *attemptCtx) Value(key any) any {
+	if key == (attemptKey{}) {
+		return c.info
+	}
+	return c.Context.Value(key)
+}
+
 // attemptInfo is what a handler's context carries about its attempt.
 type attemptInfo struct {
 	job  *Job

@@ -81,11 +81,12 @@ type Pool struct {
 	handlers   map[string]Handler
 
 	listener    *listener.Listener
-	events      *eventQueue   // delivers to Config.Observer; nil without one
-	wake        chan struct{} // a notification or a poll: there may be new jobs
-	slotWake    chan struct{} // a handler returned: a slot is free
-	active      atomic.Int64  // handler goroutines not yet returned (each holds one errgroup slot)
-	group       errgroup.Group
+	events      *eventQueue    // delivers to Config.Observer; nil without one
+	wake        chan struct{}  // a notification or a poll: there may be new jobs
+	slotWake    chan struct{}  // a handler returned: a slot is free
+	active      atomic.Int64   // started attempts whose handler goroutine has not finished with them
+	runs        sync.WaitGroup // attempts started and not yet run to their end (see runner)
+	idle        chan run       // hands the next attempt to an idle runner
 	jobsCtx     context.Context
 	revocations *recorder   // writes notified revocations into their rows
 	waiterID    string      // this pool's name in leash.waiters
@@ -133,7 +134,7 @@ func New(db *pgxpool.Pool, cfg Config) (*Pool, error) {
 	p := &Pool{
 		db: db, cfg: cfg, log: cfg.Logger.With(slog.String("worker", cfg.ID)), metrics: &counters{},
 		handlers: map[string]Handler{}, wake: make(chan struct{}, 1), slotWake: make(chan struct{}, 1),
-		finishCh: make(chan finishItem, 4*cfg.Concurrency+16), outcomeWake: make(chan struct{}, 1),
+		finishCh: make(chan finishItem, 4*cfg.Concurrency+16), outcomeWake: make(chan struct{}, 1), idle: make(chan run),
 		running: map[int64]*Job{}, shutdownCh: make(chan struct{}), done: make(chan struct{}),
 	}
 	if cfg.Observer != nil {
@@ -148,7 +149,6 @@ func New(db *pgxpool.Pool, cfg Config) (*Pool, error) {
 	if len(cfg.Hooks) > 0 {
 		p.keeper.OnEnd = p.leaseEnded
 	}
-	p.group.SetLimit(cfg.Concurrency)
 	p.listener = p.newListener()
 	return p, nil
 }

@@ -57,10 +57,10 @@ func work(ctx context.Context, db DB, kind string, payload any, opts *InsertOpts
 		}
 	}
 
-	var l *leasekeeper.Lease
+	j := newJob(cj, db)
+	l := j.lease
 	keeper := leasekeeper.NewKeeper(db, leasekeeper.Config{}, func() []*leasekeeper.Lease { return []*leasekeeper.Lease{l} }, nil, nil)
-	jctx, l := keeper.Hold(ctx, cj.ID, cj.Token, sentAt)
-	j := newJob(cj, l, db)
+	jctx := keeper.HoldIn(l, ctx, cj.ID, cj.Token, sentAt)
 	if db != nil {
 		kctx, stop := context.WithCancel(context.WithoutCancel(ctx))
 		done := make(chan struct{})

@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"math"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -102,6 +102,8 @@ type Keeper struct {
 	recheck atomic.Bool // the pending kick is a re-check after a reconnect
 	healthy atomic.Bool
 	skipped atomic.Bool // the last renewal skipped rows locked by other transactions
+	watchMu sync.Mutex
+	watch   *trustWatch // the last claim's, which leases of the same claim join
 }
 
 // NewKeeper returns a Keeper renewing, through db, the leases that leases returns at each
@@ -120,18 +122,22 @@ func NewKeeper(db DB, cfg Config, leases func() []*Lease, log *slog.Logger, metr
 }
 
 // Hold makes the lease of a claim made by a statement sent at sentAt (taken before sending, on
-// the monotonic clock), its trust timer running. It returns the job's context, derived from
-// parent and cancelled with the lease's cause when the lease ends. The caller registers it
-// where the Keeper's leases function finds it.
+// the monotonic clock), its trust window watched (see trustWatch). It returns the job's context,
+// derived from parent and cancelled with the lease's cause when the lease ends. The caller
+// registers it where the Keeper's leases function finds it.
 func (k *Keeper) Hold(parent context.Context, jobID, token int64, sentAt time.Time) (context.Context, *Lease) {
+	l := new(Lease)
+	return k.HoldIn(l, parent, jobID, token, sentAt), l
+}
+
+// HoldIn is Hold with the lease in l, a zero Lease the caller allocated (as part of the job's
+// own state, say), never used before.
+func (k *Keeper) HoldIn(l *Lease, parent context.Context, jobID, token int64, sentAt time.Time) context.Context {
 	ctx, cancel := context.WithCancelCause(parent)
 	window := k.cfg.Duration - k.cfg.SafetyMargin
-	l := &Lease{JobID: jobID, Token: token, cancel: cancel, window: window, trustedUntil: sentAt.Add(window),
-		onEnd: k.ended}
-	// Armed only once assigned, so that expire always sees the timer.
-	l.timer = time.AfterFunc(time.Duration(math.MaxInt64), l.expire)
-	l.timer.Reset(time.Until(l.trustedUntil))
-	return ctx, l
+	l.JobID, l.Token, l.cancel, l.window, l.trustedUntil, l.keeper = jobID, token, cancel, window, sentAt.Add(window), k
+	k.watchTrust(l, sentAt)
+	return ctx
 }
 
 // ended counts a lease's end, and logs the one cause nobody else reports: the trust window
@@ -147,14 +153,14 @@ func (k *Keeper) ended(l *Lease, cause error) {
 	}
 }
 
-// Release stops l's trust timer once its outcome is written or its lease is gone (the caller
-// unregisters it). The job's context is cancelled, without a cause of its own if the lease had
-// none.
+// Release stops watching l's trust window once its outcome is written or its lease is gone (the
+// caller unregisters it). The job's context is cancelled, without a cause of its own if the
+// lease had none.
 func (k *Keeper) Release(l *Lease) {
 	l.mu.Lock()
 	l.released = true
 	l.mu.Unlock()
-	l.timer.Stop()
+	l.watch.remove(l)
 	l.cancel(context.Canceled)
 }
 

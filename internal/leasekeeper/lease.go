@@ -41,9 +41,10 @@ type Lease struct {
 	Token int64
 
 	cancel    context.CancelCauseFunc
-	timer     *time.Timer
+	watch     *trustWatch   // ends the lease when its trust window passes
+	slot      int           // its place in watch (guarded by watch.mu)
 	window    time.Duration // lease duration minus safety margin
-	onEnd     func(*Lease, error)
+	keeper    *Keeper       // told of the end (see Keeper.ended); nil for a lease of no keeper
 	finishing atomic.Bool
 
 	mu           sync.Mutex
@@ -91,12 +92,9 @@ func (l *Lease) End(cause error) bool {
 	}
 	l.cause = cause
 	l.mu.Unlock()
-	if l.timer != nil {
-		l.timer.Stop()
-	}
 	l.cancel(cause)
-	if l.onEnd != nil {
-		l.onEnd(l, cause)
+	if l.keeper != nil {
+		l.keeper.ended(l, cause)
 	}
 	return true
 }
@@ -110,20 +108,12 @@ func (l *Lease) MarkFinishing() bool { return l.finishing.CompareAndSwap(false, 
 // Finishing reports whether MarkFinishing was called.
 func (l *Lease) Finishing() bool { return l.finishing.Load() }
 
-// expire runs when the trust timer fires: it ends the lease unless a renewal moved the deadline
-// on in the meantime.
-func (l *Lease) expire() {
+// trustState is the lease's trust deadline, and whether it is over with (ended or released):
+// no longer to be watched.
+func (l *Lease) trustState() (until time.Time, over bool) {
 	l.mu.Lock()
-	until, released := l.trustedUntil, l.released
-	l.mu.Unlock()
-	if released {
-		return
-	}
-	if d := time.Until(until); d > 0 {
-		l.timer.Reset(d)
-		return
-	}
-	l.End(ErrRenewalTimeout)
+	defer l.mu.Unlock()
+	return l.trustedUntil, l.cause != nil || l.released
 }
 
 // confirm records a renewal confirmed by the database for a statement sent at sentAt.
@@ -136,9 +126,8 @@ func (l *Lease) confirm(sentAt time.Time) {
 	}
 	l.trustedUntil = until
 	l.mu.Unlock()
-	if d := time.Until(until); d > 0 {
-		l.timer.Reset(d)
-	} else {
+	// The watch's timer, set for the old deadline, finds the new one and waits for it.
+	if time.Until(until) <= 0 {
 		l.End(ErrRenewalTimeout)
 	}
 }

@@ -63,17 +63,21 @@ func (c ClaimCursor) Less(d ClaimCursor) bool {
 // finite (-infinity, written by some SQL client) give no position: they sort before every finite
 // one, where only a claim from the front finds them.
 func LastClaimed(jobs []ClaimedJob) *ClaimCursor {
-	var last *ClaimCursor
+	var last ClaimCursor
+	found := false
 	for i := range jobs {
 		if jobs[i].RunAt.IsZero() {
 			continue
 		}
 		c := ClaimCursor{Priority: jobs[i].Priority, RunAt: jobs[i].RunAt, ID: jobs[i].ID}
-		if last == nil || last.Less(c) {
-			last = &c
+		if !found || last.Less(c) {
+			last, found = c, true
 		}
 	}
-	return last
+	if !found {
+		return nil
+	}
+	return &last
 }
 
 // ClaimedJob is a row just leased to this worker.
@@ -402,17 +406,22 @@ func claimQuery(p ClaimParams) (string, []any) {
 func scanClaimed(rows pgx.Rows, limit int) ([]ClaimedJob, error) {
 	defer rows.Close()
 	jobs := make([]ClaimedJob, 0, limit)
+	// Every row is scanned into the same variables, given to Scan once: what Scan is given
+	// escapes to the heap. Every field of j is set at every row. Timestamps written by any SQL
+	// client may be ±infinity, which time.Time cannot hold: they are read through pgtype.
+	var j ClaimedJob
+	var timeoutMS int64
+	var created, runAt, attempted pgtype.Timestamptz
+	var queue, kind internedText
+	dest := []any{&j.ID, &queue, &kind, &j.Payload, &j.Priority, &j.Attempt, &j.MaxAttempts,
+		&j.Token, &created, &runAt, &attempted, &timeoutMS, &j.TraceContext, &j.SetAside}
 	for rows.Next() {
-		var j ClaimedJob
-		var timeoutMS int64
 		// The claim has leased these rows already: a scan that failed would strand them until
-		// their leases expired. Timestamps written by any SQL client may be ±infinity, which
-		// time.Time cannot hold: they are read through pgtype.
-		var created, runAt, attempted pgtype.Timestamptz
-		if err := rows.Scan(&j.ID, &j.Queue, &j.Kind, &j.Payload, &j.Priority, &j.Attempt, &j.MaxAttempts,
-			&j.Token, &created, &runAt, &attempted, &timeoutMS, &j.TraceContext, &j.SetAside); err != nil {
+		// their leases expired.
+		if err := rows.Scan(dest...); err != nil {
 			return nil, fmt.Errorf("claim jobs: %w", err)
 		}
+		j.Queue, j.Kind = queue.s, kind.s
 		j.CreatedAt, j.RunAt, j.AttemptedAt = finiteTime(created), finiteTime(runAt), finiteTime(attempted)
 		j.Timeout = time.Duration(timeoutMS) * time.Millisecond
 		jobs = append(jobs, j)
@@ -421,6 +430,22 @@ func scanClaimed(rows pgx.Rows, limit int) ([]ClaimedJob, error) {
 		return nil, fmt.Errorf("claim jobs: %w", err)
 	}
 	return jobs, nil
+}
+
+// internedText scans a NOT NULL text column into a string, keeping the previous row's string
+// when the text is the same: the queue, kind and state of a statement's rows mostly repeat, and
+// each would otherwise be a string of its own.
+type internedText struct{ s string }
+
+// ScanBytes implements pgtype.BytesScanner.
+func (t *internedText) ScanBytes(b []byte) error {
+	if b == nil {
+		return errors.New("cannot scan NULL into a string")
+	}
+	if string(b) != t.s {
+		t.s = string(b)
+	}
+	return nil
 }
 
 // minTimestamp is the earliest finite timestamptz: 4714-11-24 00:00:00 UTC BC.

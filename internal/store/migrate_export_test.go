@@ -18,3 +18,9 @@ var (
 
 // ClaimQuery is the statement and arguments Claim sends, for tests that EXPLAIN it.
 var ClaimQuery = claimQuery
+
+// TextArray and Int8Array are the arrays an outcome batch sends, for tests that send them in
+// every exec mode.
+func TextArray(s []string) any { return textArray(s) }
+
+func Int8Array(s []int64) any { return int8Array(s) }

@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/leashq/leash/internal/clean"
 )
@@ -150,19 +152,107 @@ func finishQuery(outs []Outcome) (string, []any, error) {
 			outputs[i] = &out
 		}
 	}
-	return finishSQL, []any{ids, tokens, states, delays, giveBack, errs, revokes, outputs}, nil
+	return finishSQL, []any{int8Array(ids), int8Array(tokens), textArray(states), delays, giveBack, errs, revokes, outputs}, nil
+}
+
+// int8Array and textArray are slices sent as bigint[] and text[] parameters whose elements pgx
+// reads in place: a []int64 or []string is encoded through an interface holding a copy of each
+// element, one allocation per element (per job of an outcome batch).
+//
+// pgx finds their binary encoding (pgtype.ArrayGetter) only when it knows the parameter's type
+// from the statement's description, in the exec modes that prepare or describe it. Under
+// QueryExecModeExec and QueryExecModeSimpleProtocol, what PgBouncer in transaction mode needs,
+// it knows none and encodes every value in text for an unknown type, which it can do only for
+// the types it has registered: for these it asks TextValue, an array literal built in one
+// buffer. The statement casts each parameter ($1::bigint[]), so the server reads the literal as
+// the type the described modes send.
+type (
+	int8Array []int64
+	textArray []string
+	int8Elem  int64
+	textElem  string
+)
+
+func (a int8Array) Dimensions() []pgtype.ArrayDimension { return flatDimensions(len(a), a == nil) }
+func (a int8Array) Index(i int) any                     { return (*int8Elem)(&a[i]) }
+func (a int8Array) IndexType() any                      { return new(int8Elem) }
+func (a textArray) Dimensions() []pgtype.ArrayDimension { return flatDimensions(len(a), a == nil) }
+func (a textArray) Index(i int) any                     { return (*textElem)(&a[i]) }
+func (a textArray) IndexType() any                      { return new(textElem) }
+
+// TextValue implements pgtype.TextValuer: the array literal of a, {1,-2,3}; NULL for nil.
+func (a int8Array) TextValue() (pgtype.Text, error) {
+	if a == nil {
+		return pgtype.Text{}, nil
+	}
+	b := make([]byte, 0, 2+len(a)*8)
+	b = append(b, '{')
+	for i, v := range a {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendInt(b, v, 10)
+	}
+	return pgtype.Text{String: string(append(b, '}')), Valid: true}, nil
+}
+
+// TextValue implements pgtype.TextValuer: the array literal of a, every element quoted with its
+// double quotes and backslashes escaped, {"completed","a\"b"}; NULL for nil.
+func (a textArray) TextValue() (pgtype.Text, error) {
+	if a == nil {
+		return pgtype.Text{}, nil
+	}
+	n := 2
+	for _, s := range a {
+		n += len(s) + 3
+	}
+	b := make([]byte, 0, n)
+	b = append(b, '{')
+	for i, s := range a {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, '"')
+		for j := 0; j < len(s); j++ {
+			if s[j] == '"' || s[j] == '\\' {
+				b = append(b, '\\')
+			}
+			b = append(b, s[j])
+		}
+		b = append(b, '"')
+	}
+	return pgtype.Text{String: string(append(b, '}')), Valid: true}, nil
+}
+
+func (e *int8Elem) Int64Value() (pgtype.Int8, error) {
+	return pgtype.Int8{Int64: int64(*e), Valid: true}, nil
+}
+func (e *textElem) TextValue() (pgtype.Text, error) {
+	return pgtype.Text{String: string(*e), Valid: true}, nil
+}
+
+// flatDimensions are the dimensions of a one-dimensional array of n elements; none (NULL) for
+// a nil slice.
+func flatDimensions(n int, null bool) []pgtype.ArrayDimension {
+	if null {
+		return nil
+	}
+	return []pgtype.ArrayDimension{{Length: int32(n), LowerBound: 1}}
 }
 
 func scanWritten(rows pgx.Rows, n int) ([]Written, error) {
 	defer rows.Close()
 	written := make([]Written, 0, n)
+	var id int64
+	var state internedText
+	var notified *bool
+	var frees bool
+	dest := []any{&id, &state, &notified, &frees} // given to Scan once: it escapes
 	for rows.Next() {
-		var w Written
-		var notified *bool
-		if err := rows.Scan(&w.ID, &w.State, &notified, &w.Frees); err != nil {
+		if err := rows.Scan(dest...); err != nil {
 			return nil, fmt.Errorf("finish jobs: %w", err)
 		}
-		written = append(written, w)
+		written = append(written, Written{ID: id, State: state.s, Frees: frees})
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("finish jobs: %w", err)
