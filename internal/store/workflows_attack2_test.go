@@ -196,3 +196,58 @@ func TestAttackRevokeWorkflowMissesJobsAddedMeanwhile(t *testing.T) {
 		t.Fatalf("revoke_workflow returned %d, but %v escaped it and run", r.n, left)
 	}
 }
+
+// Finish writes a batch in halves when a workflow job's release meets a held row: a half that
+// fails after another was written (a deadline, a lost connection) must not hide the outcomes
+// written already. Whatever Finish reports as not written is not written, and a retry of the
+// batch writes nothing twice.
+func TestAttackFinishHidesWrittenHalf(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	w1, w2, w3 := newWorkflow(t, db), newWorkflow(t, db), newWorkflow(t, db)
+	exec(t, db, `INSERT INTO leash.jobs (kind, workflow_id, step) VALUES ('k', $1, 'x')`, w1)
+	exec(t, db, `INSERT INTO leash.jobs (kind, workflow_id, step, depends_on) VALUES ('k', $1, 'a', NULL), ('k', $1, 'b', '{a}')`, w2)
+	exec(t, db, `INSERT INTO leash.jobs (kind, workflow_id, step, depends_on) VALUES ('k', $1, 'c', NULL), ('k', $1, 'd', '{c}')`, w3)
+	got := claimAll(t, db)
+	// Forgotten transactions hold a's and c's dependents: their completions wait 100 ms each,
+	// and the batch is written in halves.
+	for _, h := range []struct {
+		wid  int64
+		step string
+	}{{w2, "b"}, {w3, "d"}} {
+		tx, err := db.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx)
+		exec(t, tx, `SELECT FROM leash.jobs WHERE id = $1 FOR UPDATE`, stepID(t, db, h.wid, h.step))
+	}
+	outs := []store.Outcome{
+		{ID: got["x"].ID, Token: got["x"].Token, State: "completed"},
+		{ID: got["a"].ID, Token: got["a"].Token, State: "completed"},
+		{ID: got["c"].ID, Token: got["c"].Token, State: "completed"},
+	}
+	// [x a c] fails after 100 ms, [x] is written, then [a c] fails, and [a] waits: the deadline
+	// comes while the second half runs.
+	fctx, cancel := context.WithTimeout(ctx, 250*time.Millisecond)
+	ws, err := store.Finish(fctx, db, outs)
+	cancel()
+	reported := map[int64]bool{}
+	for _, w := range ws {
+		reported[w.ID] = true
+	}
+	for _, s := range []string{"x", "a", "c"} {
+		var st string
+		if err := db.QueryRow(ctx, `SELECT state FROM leash.jobs WHERE id = $1`, got[s].ID).Scan(&st); err != nil {
+			t.Fatal(err)
+		}
+		if (st == "completed") != reported[got[s].ID] {
+			t.Errorf("%s is %s, but Finish reported it written: %v (err %v)", s, st, reported[got[s].ID], err)
+		}
+	}
+	ws2, err := store.Finish(ctx, db, outs[:1])
+	if err != nil || len(ws2) != 0 {
+		t.Errorf("x's outcome written again: %v %v", ws2, err)
+	}
+}
