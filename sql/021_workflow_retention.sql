@@ -19,6 +19,10 @@
 -- retryable or running is refused, as one of unmet is: the job would run before its
 -- dependencies completed. Cancelling or finishing one by hand stays allowed.
 --
+-- Deleted dependencies. A job put back by the retry of another of its dependencies, one of whose
+-- dependencies had been deleted (after it completed), waited for it forever, and retention kept
+-- its whole workflow: it is now cancelled, naming the step.
+--
 -- Revocation. leash.revoke_workflow's statement sees the jobs committed before it started: a job
 -- a fan-out inserted, or a failed one retry_job put back, committed while it ran, escaped it. It
 -- now repeats its update, each time for the jobs it has not revoked yet, until one finds none.
@@ -97,6 +101,70 @@ BEGIN
     RETURN NEW;
 END;
 $$;
+
+-- As in 020, and: a job one of whose dependencies no longer exists (deleted by hand, or by the
+-- retention of a release that did not know workflows, after it completed) is cancelled, naming
+-- it, instead of waiting for it forever. It is reached when a retry of another dependency puts
+-- back the job that dependency's failure had cancelled; an insert or a retry_job naming a step
+-- that does not exist is refused before (leash.check_workflow_graph, leash.workflow_job_retried).
+CREATE OR REPLACE FUNCTION leash.settle_workflow_job(job_id bigint) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+    SET plan_cache_mode = force_custom_plan SET enable_seqscan = off AS $$
+DECLARE
+    wid   bigint;
+    deps  text[];
+    st    text;
+    left_ integer;
+    bad   record;
+    gone  text;
+BEGIN
+    SELECT j.workflow_id, j.depends_on, j.state INTO wid, deps, st FROM leash.jobs j WHERE j.id = job_id;
+    IF NOT FOUND OR st <> 'pending' THEN
+        RETURN;
+    END IF;
+    IF cardinality(deps) > 100 THEN
+        -- Planning for thousands of values costs more than the plan saves.
+        PERFORM set_config('plan_cache_mode', 'force_generic_plan', true);
+    END IF;
+    -- Rows this very transaction inserted (not in a savepoint) need no lock: no other
+    -- transaction sees them before it commits.
+    PERFORM FROM unnest(deps) s(step) JOIN leash.jobs d ON d.workflow_id = wid AND d.step = s.step
+    WHERE d.state NOT IN ('completed', 'failed', 'cancelled')
+      AND d.xmin::text <> (pg_current_xact_id()::text::bigint % 4294967296)::text
+    ORDER BY d.id
+    FOR KEY SHARE OF d;
+    SELECT s.step INTO gone FROM unnest(deps) s(step)
+    WHERE NOT EXISTS (SELECT FROM leash.jobs d WHERE d.workflow_id = wid AND d.step = s.step)
+    LIMIT 1;
+    IF FOUND THEN
+        UPDATE leash.jobs j SET state = 'cancelled', finished_at = now(), unmet = greatest(coalesce(j.unmet, 1), 1),
+            last_error = format('dependency %s no longer exists', left(gone, 200))
+        WHERE j.id = job_id;
+        RETURN;
+    END IF;
+    SELECT d.step, d.id, d.state INTO bad FROM unnest(deps) s(step) JOIN leash.jobs d ON d.workflow_id = wid AND d.step = s.step
+    WHERE d.state IN ('failed', 'cancelled') AND NOT coalesce(d.may_fail, false)
+    LIMIT 1;
+    IF FOUND THEN
+        UPDATE leash.jobs j SET state = 'cancelled', finished_at = now(), unmet = greatest(coalesce(j.unmet, 1), 1),
+            last_error = format('dependency %s (job %s) %s', left(bad.step, 200), bad.id, bad.state)
+        WHERE j.id = job_id;
+        RETURN;
+    END IF;
+    SELECT count(*) INTO left_ FROM (SELECT DISTINCT x FROM unnest(deps) x) s
+    WHERE NOT EXISTS (SELECT FROM leash.jobs d WHERE d.workflow_id = wid AND d.step = s.x
+                        AND (d.state = 'completed' OR (d.state IN ('failed', 'cancelled') AND coalesce(d.may_fail, false))));
+    IF left_ > 0 THEN
+        UPDATE leash.jobs j SET unmet = left_ WHERE j.id = job_id AND j.unmet IS DISTINCT FROM left_;
+        RETURN;
+    END IF;
+    UPDATE leash.jobs j SET state = 'available', unmet = 0 WHERE j.id = job_id;
+    PERFORM leash.wake_released(ARRAY[q.queue]) FROM leash.jobs q WHERE q.id = job_id AND q.run_at <= now();
+END;
+$$;
+
+
+REVOKE ALL ON FUNCTION leash.settle_workflow_job(bigint) FROM PUBLIC;
 
 -- A workflow's row is deleted only once it has no jobs left. The row is locked before this runs
 -- (a DELETE locks it first), so a transaction inserting a job into it (FOR KEY SHARE, see

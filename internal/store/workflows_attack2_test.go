@@ -251,3 +251,34 @@ func TestAttackFinishHidesWrittenHalf(t *testing.T) {
 		t.Errorf("x's outcome written again: %v %v", ws2, err)
 	}
 }
+
+// A completed dependency deleted by hand (or by the retention of a release that did not know
+// workflows) while its join still waits for another: when that other fails, the join is
+// cancelled, and a retry_job of it puts the join back. The join must not then wait forever for
+// the deleted step (pending, and its whole workflow kept by retention): it is cancelled, naming
+// the step.
+func TestAttackRependedJoinOfDeletedDependency(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	wid := newWorkflow(t, db)
+	exec(t, db, `INSERT INTO leash.jobs (kind, workflow_id, step, depends_on, max_attempts) VALUES
+		('k', $1, 'a', NULL, 1), ('k', $1, 'b', NULL, 1), ('k', $1, 'join', '{a,b}', 1)`, wid)
+	got := claimAll(t, db)
+	finish(t, db, got["a"], "completed")
+	exec(t, db, `DELETE FROM leash.jobs WHERE id = $1`, got["a"].ID)
+	finish(t, db, got["b"], "failed")
+	wantStates(t, db, wid, map[string]string{"join": "cancelled"})
+	if ok, err := store.RetryJob(ctx, db, got["b"].ID); err != nil || !ok {
+		t.Fatalf("retry b: %v %v", ok, err)
+	}
+	again := claimAll(t, db)
+	finish(t, db, again["b"], "completed")
+	var st, lastErr string
+	if err := db.QueryRow(ctx, `SELECT state, coalesce(last_error, '') FROM leash.jobs WHERE workflow_id = $1 AND step = 'join'`, wid).Scan(&st, &lastErr); err != nil {
+		t.Fatal(err)
+	}
+	if st == "pending" {
+		t.Fatalf("join waits forever for the deleted step a (%s)", lastErr)
+	}
+}
