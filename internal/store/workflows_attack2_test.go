@@ -282,3 +282,62 @@ func TestAttackRependedJoinOfDeletedDependency(t *testing.T) {
 		t.Fatalf("join waits forever for the deleted step a (%s)", lastErr)
 	}
 }
+
+// A job's workflow and step never change and its dependencies are never removed, whoever
+// writes them: each UPDATE below is refused.
+func TestAttackWorkflowColumnsRewritten(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	w1, w2 := newWorkflow(t, db), newWorkflow(t, db)
+	exec(t, db, `INSERT INTO leash.jobs (kind, workflow_id, step, depends_on) VALUES ('k', $1, 'a', NULL), ('k', $1, 'b', '{a}')`, w1)
+	exec(t, db, `INSERT INTO leash.jobs (kind, workflow_id, step) VALUES ('k', $1, 'a')`, w2)
+	var loose int64
+	if err := db.QueryRow(ctx, `INSERT INTO leash.jobs (kind) VALUES ('k') RETURNING id`).Scan(&loose); err != nil {
+		t.Fatal(err)
+	}
+	a, b := stepID(t, db, w1, "a"), stepID(t, db, w1, "b")
+	for _, c := range []struct {
+		sql  string
+		args []any
+	}{
+		{`UPDATE leash.jobs SET step = 'c' WHERE id = $1`, []any{b}},
+		{`UPDATE leash.jobs SET workflow_id = $2 WHERE id = $1`, []any{b, w2}},
+		{`UPDATE leash.jobs SET workflow_id = NULL, step = NULL, depends_on = NULL WHERE id = $1`, []any{b}},
+		{`UPDATE leash.jobs SET workflow_id = $2, step = 'z' WHERE id = $1`, []any{loose, w2}},
+		{`UPDATE leash.jobs SET workflow_id = $2, step = 'z', depends_on = '{a}' WHERE id = $1`, []any{loose, w2}},
+		{`UPDATE leash.jobs SET depends_on = '{}' WHERE id = $1`, []any{b}},
+		{`UPDATE leash.jobs SET depends_on = NULL WHERE id = $1`, []any{b}},
+	} {
+		if _, err := db.Exec(ctx, c.sql, c.args...); err == nil {
+			t.Errorf("%s: accepted", c.sql)
+		}
+	}
+	claimAll(t, db)
+	if _, err := db.Exec(ctx, `UPDATE leash.jobs SET depends_on = '{x}' WHERE id = $1`, a); err == nil {
+		t.Errorf("a running job was given a dependency")
+	}
+	wantStates(t, db, w1, map[string]string{"a": "running", "b": "pending"})
+}
+
+// DependencyOutputs of a dependency whose output is large (written by SQL, past
+// MaxOutputBytes) reads it whole; a NUL cannot be stored in an output at all (jsonb refuses
+// \u0000), so none is ever read.
+func TestAttackDependencyOutputsHugeOrNUL(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	wid := newWorkflow(t, db)
+	exec(t, db, `INSERT INTO leash.jobs (kind, workflow_id, step, depends_on) VALUES ('k', $1, 'a', NULL), ('k', $1, 'b', '{a,a}')`, wid)
+	exec(t, db, `UPDATE leash.jobs SET output = jsonb_build_object('big', repeat('x', 16 << 20)) WHERE id = $1`, stepID(t, db, wid, "a"))
+	if _, err := db.Exec(ctx, `UPDATE leash.jobs SET output = '{"nul": "\u0000"}' WHERE id = $1`, stepID(t, db, wid, "a")); err == nil {
+		t.Error("a NUL was stored in an output")
+	}
+	outs, err := store.DependencyOutputs(ctx, db, stepID(t, db, wid, "b"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(outs) != 1 || len(outs["a"]) < 16<<20 {
+		t.Fatalf("read %d outputs, a's %d bytes", len(outs), len(outs["a"]))
+	}
+}
