@@ -2,8 +2,9 @@
 -- survive its dependencies being put back; revoke_workflow misses nothing committed meanwhile.
 --
 -- Retention. A workflow's row stayed forever. Retention now deletes it once it has no jobs left
--- (store.DeleteEmptyWorkflows): its DELETE sets leash.workflow_retention for its statement, and
--- the row trigger then skips a workflow that has jobs instead of refusing the statement. A
+-- (leash.delete_empty_workflows, called by workers with the jobs' retention): its DELETE sets
+-- leash.workflow_retention, and the row trigger then skips a workflow that has jobs instead of
+-- refusing the statement. A
 -- transaction inserting a job into a workflow now holds the workflow's row FOR KEY SHARE until it
 -- ends (as a foreign key would): a DELETE of the row waits for it and then sees its job, and
 -- retention (FOR UPDATE SKIP LOCKED) passes it by. Before, a DELETE beside an insert saw no job
@@ -31,7 +32,9 @@
 -- replaced or added, in one transaction. Those workers never delete workflow rows, never set a
 -- pending job's state, and write outcomes through the same triggers; their inserts into a
 -- workflow now lock its row FOR KEY SHARE, which stops only a DELETE or a FOR UPDATE of that row
--- (retention skips it).
+-- (retention skips it). A worker of this release whose role lacks EXECUTE on
+-- leash.delete_empty_workflows (granted as docs/sql.md listed before) keeps workflow rows, and
+-- warns once.
 
 -- A job joins its workflow (insert), or waits for more steps (depends_on grows), as in 020; an
 -- insert now locks the workflow's row FOR KEY SHARE (once per transaction and workflow): a
@@ -303,3 +306,34 @@ END;
 $$;
 
 REVOKE ALL ON FUNCTION leash.revoke_workflow(bigint, text) FROM PUBLIC;
+
+-- Retention of workflow rows: deletes up to n rows of workflows created more than older_than ago
+-- that have no jobs left, lowest id first, and returns how many. Rows a transaction inserting a
+-- job holds FOR KEY SHARE are passed by (SKIP LOCKED); one whose job committed after the
+-- statement began is passed by as well (the row trigger sees the job and, with
+-- leash.workflow_retention on, skips the row rather than failing the statement). It runs with
+-- the owner's rights, so that workers need no right to lock or delete workflow rows themselves:
+-- only roles granted EXECUTE may call it.
+CREATE OR REPLACE FUNCTION leash.delete_empty_workflows(older_than interval, n integer) RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    m integer;
+BEGIN
+    PERFORM set_config('leash.workflow_retention', 'on', true);
+    WITH gone AS (
+        DELETE FROM leash.workflows WHERE id IN (
+            SELECT w.id FROM leash.workflows w
+            WHERE w.created_at < now() - older_than
+              AND NOT EXISTS (SELECT FROM leash.jobs j WHERE j.workflow_id = w.id)
+            ORDER BY w.id
+            LIMIT n
+            FOR UPDATE SKIP LOCKED)
+        RETURNING 1
+    )
+    SELECT count(*) INTO m FROM gone;
+    PERFORM set_config('leash.workflow_retention', 'off', true);
+    RETURN m;
+END;
+$$;
+
+REVOKE ALL ON FUNCTION leash.delete_empty_workflows(interval, integer) FROM PUBLIC;
