@@ -341,3 +341,32 @@ func TestAttackDependencyOutputsHugeOrNUL(t *testing.T) {
 		t.Fatalf("read %d outputs, a's %d bytes", len(outs), len(outs["a"]))
 	}
 }
+
+// A fan-out (a fenced transaction of a running job adding a child) still open when
+// revoke_workflow commits cannot commit its child: the fence sees the revocation.
+func TestAttackRevokeWorkflowBesideFencedFanOut(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	wid := newWorkflow(t, db)
+	exec(t, db, `INSERT INTO leash.jobs (kind, workflow_id, step) VALUES ('k', $1, 'parent')`, wid)
+	got := claimAll(t, db)
+	fan, err := db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fan.Rollback(ctx)
+	if err := store.Fence(ctx, fan, got["parent"].ID, got["parent"].Token); err != nil {
+		t.Fatal(err)
+	}
+	exec(t, fan, `INSERT INTO leash.jobs (kind, workflow_id, step) VALUES ('k', $1, 'child')`, wid)
+	if n, err := store.RevokeWorkflow(ctx, db, wid, "stop"); err != nil || n != 1 {
+		t.Fatalf("revoke_workflow beside an open fan-out: %d, %v", n, err)
+	}
+	if err := fan.Commit(ctx); err == nil {
+		t.Fatalf("the fan-out of a revoked job committed: %v", states(t, db, wid))
+	}
+	if st, ok := states(t, db, wid)["child"]; ok {
+		t.Fatalf("the child of a revoked job is %s", st)
+	}
+}
