@@ -199,11 +199,13 @@ func (p *Pool) write(items []finishItem, written map[int64]string) {
 		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		ws, err := store.Finish(sctx, controlDB{p}, outs)
 		cancel()
+		// Written, even beside an error (halves written before it): a retry of them finds
+		// their leases gone and writes nothing.
+		for _, w := range ws {
+			written[w.ID] = w.State
+		}
+		p.wakeForFreed(ws)
 		if err == nil {
-			for _, w := range ws {
-				written[w.ID] = w.State
-			}
-			p.wakeForFreed(ws)
 			return
 		}
 		if rejected(err) {

@@ -72,6 +72,10 @@ type JobRow struct {
 	UniqueKey string
 	// Output is what the handler recorded with Job.SetOutput; nil if nothing.
 	Output json.RawMessage
+	// WorkflowID and Step name the job's workflow and its step there; nil and empty when the job
+	// is in no workflow.
+	WorkflowID *int64
+	Step       string
 }
 
 func jobRow(r store.JobRow) JobRow {
@@ -80,7 +84,8 @@ func jobRow(r store.JobRow) JobRow {
 		LeaseToken: r.LeaseToken, LeasedBy: deref(r.LeasedBy), LeaseExpiresIn: r.LeaseExpiresIn, HeartbeatAge: r.HeartbeatAge,
 		RevokedAt: r.RevokedAt, RevokeReason: deref(r.RevokeReason), Progress: rawJSON(r.Progress),
 		LastError: deref(r.LastError), Errors: json.RawMessage(r.Errors), CreatedAt: r.CreatedAt,
-		AttemptedAt: r.AttemptedAt, FinishedAt: r.FinishedAt, UniqueKey: deref(r.UniqueKey), Output: rawJSON(r.Output)}
+		AttemptedAt: r.AttemptedAt, FinishedAt: r.FinishedAt, UniqueKey: deref(r.UniqueKey), Output: rawJSON(r.Output),
+		WorkflowID: r.WorkflowID, Step: deref(r.Step)}
 }
 
 func rawJSON(s *string) json.RawMessage {

@@ -173,6 +173,9 @@ func jobStatus(ctx context.Context, db pool.DB, id int64, stdout io.Writer) erro
 	fmt.Fprintf(w, "state\t%s\n", j.State)
 	fmt.Fprintf(w, "attempt\t%d of %d\n", j.Attempt, j.MaxAttempts)
 	fmt.Fprintf(w, "unique key\t%s\n", printable(opt(j.UniqueKey)))
+	if j.WorkflowID != nil {
+		fmt.Fprintf(w, "workflow\t%d, step %s\n", *j.WorkflowID, printable(clip(j.Step, 200)))
+	}
 	fmt.Fprintf(w, "created\t%s\n", when(&j.CreatedAt))
 	fmt.Fprintf(w, "run at\t%s\n", when(&j.RunAt))
 	fmt.Fprintf(w, "attempted\t%s\n", when(j.AttemptedAt))

@@ -29,6 +29,10 @@ func TestWorkflowCommands(t *testing.T) {
 		!strings.Contains(out, `"load\x1b[2J"`) || !strings.Contains(out, `"extract"`) || strings.Contains(out, "\x1b") {
 		t.Fatalf("workflow show: %q, %v", out, err)
 	}
+	out, err = runCmd(t, env, "status", strconv.FormatInt(wf.JobIDs[1], 10))
+	if err != nil || !strings.Contains(out, "workflow ") || !strings.Contains(out, " "+id+`, step "load\x1b[2J"`) || strings.Contains(out, "\x1b") {
+		t.Fatalf("status of a workflow's job: %q, %v", out, err)
+	}
 	out, err = runCmd(t, env, "workflow", "revoke", id, "-reason", "not tonight")
 	if err != nil || !strings.Contains(out, "2 unfinished job(s) revoked") {
 		t.Fatalf("workflow revoke: %q, %v", out, err)

@@ -169,13 +169,15 @@ type JobRow struct {
 	FinishedAt     *time.Time
 	UniqueKey      *string
 	Output         *string // pretty-printed JSON
+	WorkflowID     *int64
+	Step           *string
 }
 
 var jobColumns = `id, queue, kind, jsonb_pretty(payload), state, priority, attempt, max_attempts, ` + finiteTS("run_at") + ` AS run_at,
 	lease_token, leased_by, ` + span("lease_expires_at", "now()") + ` AS lease_expires_in, ` + span("now()", "heartbeat_at") + ` AS heartbeat_age,
 	` + finiteTS("revoked_at") + ` AS revoked_at, revoke_reason, progress::text, last_error, jsonb_pretty(errors),
 	` + finiteTS("created_at") + ` AS created_at, ` + finiteTS("attempted_at") + ` AS attempted_at, ` + finiteTS("finished_at") + ` AS finished_at,
-	unique_key, jsonb_pretty(output)`
+	unique_key, jsonb_pretty(output), workflow_id, step`
 
 // GetJob reads one job; pgx.ErrNoRows when there is none.
 func GetJob(ctx context.Context, db DBTX, id int64) (JobRow, error) {

@@ -82,7 +82,9 @@ func (o *Outcome) encodeError() (*string, error) {
 // dependent, a forgotten FOR UPDATE) fails its statement with SQLSTATE 55P03: outside a
 // transaction, Finish then writes the batch in halves, so that the held outcome alone is left
 // out, as a locked row is; in a transaction (db a pgx.Tx) the error is returned. Any other
-// statement error fails the whole batch; the caller splits it to find the bad item.
+// statement error fails the whole batch; the caller splits it to find the bad item. An error
+// met after some halves were written (a deadline, a lost connection) is returned with what they
+// wrote: those outcomes are committed, and a retry of them finds their leases gone.
 func Finish(ctx context.Context, db DBTX, outs []Outcome) ([]Written, error) {
 	q, args, err := finishQuery(outs)
 	if err != nil {
@@ -107,13 +109,10 @@ func Finish(ctx context.Context, db DBTX, outs []Outcome) ([]Written, error) {
 	mid := len(outs) / 2
 	first, err := Finish(ctx, db, outs[:mid])
 	if err != nil {
-		return nil, err
+		return first, err
 	}
 	rest, err := Finish(ctx, db, outs[mid:])
-	if err != nil {
-		return nil, err
-	}
-	return append(first, rest...), nil
+	return append(first, rest...), err
 }
 
 // outcomeLockWait bounds how long an outcome statement waits for a row a workflow's release or

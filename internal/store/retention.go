@@ -45,3 +45,18 @@ func deleteFinishedSQL(completed bool) string {
 			LIMIT $2
 			FOR UPDATE SKIP LOCKED))`
 }
+
+// DeleteEmptyWorkflows deletes up to batch workflow rows created more than olderThan ago that
+// have no jobs left (retention deleted them once they finished), lowest id first, and returns
+// how many it deleted: one short call of leash.delete_empty_workflows. A workflow a transaction
+// is inserting a job into is never deleted: the insert holds its row FOR KEY SHARE, which the
+// function passes by, and one whose job committed meanwhile is passed by too.
+func DeleteEmptyWorkflows(ctx context.Context, db DBTX, olderThan time.Duration, batch int) (int64, error) {
+	var n int32
+	err := db.QueryRow(ctx, `SELECT leash.delete_empty_workflows($1 * interval '1 millisecond', $2)`,
+		millis(olderThan), batch).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("delete empty workflows: %w", err)
+	}
+	return int64(n), nil
+}

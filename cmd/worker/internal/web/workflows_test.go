@@ -91,6 +91,43 @@ func TestWorkflowPage(t *testing.T) {
 	}
 }
 
+// A job's page links to its workflow's page and names its step (escaped); a pending job can be
+// revoked from it; a job in no workflow shows no workflow.
+func TestJobPageLinksItsWorkflow(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	srv := serve(t, web.Options{DB: db, AdminOpen: true})
+	ctx := context.Background()
+	wf, err := pool.InsertWorkflow(ctx, db, "etl", []pool.WorkflowJob{
+		{Step: "extract", Kind: "nope"}, {Step: "<i>load</i>", Kind: "nope", DependsOn: []string{"extract"}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, body := get(t, fmt.Sprintf("%s/jobs/%d", srv.URL, wf.JobIDs[1]))
+	if code != http.StatusOK {
+		t.Fatalf("job page: %d", code)
+	}
+	link := fmt.Sprintf(`<a href="/workflows/%d" id="workflow">`, wf.ID)
+	if !strings.Contains(body, link) || !strings.Contains(body, `<td id="step">&lt;i&gt;load&lt;/i&gt;</td>`) {
+		t.Fatalf("the job page of a workflow's step lacks the link %s or the escaped step:\n%s", link, body)
+	}
+	if !strings.Contains(body, `id="revoke"`) {
+		t.Errorf("a pending job's page offers no Revoke")
+	}
+	code, _ = get(t, srv.URL+fmt.Sprintf("/workflows/%d", wf.ID))
+	if code != http.StatusOK {
+		t.Fatalf("the linked workflow page: %d", code)
+	}
+	id, err := pool.Insert(ctx, db, "alone", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, body := get(t, fmt.Sprintf("%s/jobs/%d", srv.URL, id)); strings.Contains(body, `id="workflow"`) {
+		t.Errorf("a job in no workflow shows a workflow")
+	}
+}
+
 // The workflow page in headless Chromium: the graph shows each job coloured by its state, and
 // Revoke workflow cancels the unfinished ones.
 func TestWorkflowPageInBrowser(t *testing.T) {
