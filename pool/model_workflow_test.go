@@ -17,6 +17,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -64,6 +65,65 @@ type wfModel struct {
 	stops      []chan error
 	workflows  []int64
 	revoked    map[int64]bool
+	// putBack: for a job, the steps it depends on that were put back (retried) after they had
+	// released it. A released job stays released (sql/021_workflow_retention.sql), so its
+	// attempts may start while such a step runs again.
+	putBack map[int64]map[string]bool
+}
+
+// retry puts job id back (refused while a dependency of it failed, which is fine here) and
+// records, in the same transaction, the jobs waiting for it that it had released already.
+func (m *wfModel) retry(ctx context.Context, id int64) {
+	tx, err := m.db.Begin(ctx)
+	if err != nil {
+		return
+	}
+	defer tx.Rollback(ctx)
+	if ok, err := pool.RetryJob(ctx, tx, id); err != nil || !ok {
+		return
+	}
+	rows, err := tx.Query(ctx, `
+		SELECT d.id, j.step FROM leash.jobs j
+		JOIN leash.jobs d ON d.workflow_id = j.workflow_id AND j.step = ANY (d.depends_on)
+		WHERE j.id = $1 AND d.state <> 'pending'`, id)
+	if err != nil {
+		return
+	}
+	released := map[int64]string{}
+	for rows.Next() {
+		var dep int64
+		var step string
+		if rows.Scan(&dep, &step) == nil {
+			released[dep] = step
+		}
+	}
+	rows.Close()
+	if rows.Err() != nil || tx.Commit(ctx) != nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for dep, step := range released {
+		if m.putBack[dep] == nil {
+			m.putBack[dep] = map[string]bool{}
+		}
+		m.putBack[dep][step] = true
+	}
+}
+
+// notPutBack is notDone ("step:state" entries) without the steps put back after they released
+// job id.
+func (m *wfModel) notPutBack(id int64, notDone []string) []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []string
+	for _, e := range notDone {
+		step := e[:strings.LastIndex(e, ":")]
+		if !m.putBack[id][step] {
+			out = append(out, e)
+		}
+	}
+	return out
 }
 
 func (m *wfModel) violate(format string, args ...any) {
@@ -85,6 +145,7 @@ func (m *wfModel) handle(ctx context.Context, j *pool.Job) error {
 	if err != nil && ctx.Err() == nil {
 		m.violate("job %d: reading its dependencies: %v", j.ID, err)
 	}
+	notDone = m.notPutBack(j.ID, notDone)
 	if len(notDone) > 0 {
 		m.violate("job %d started (attempt %d) before its dependencies were done: %v", j.ID, j.Attempt, notDone)
 	}
@@ -196,8 +257,7 @@ func (m *wfModel) step(ctx context.Context) {
 		m.randomWorkflow(ctx)
 	case r < 9:
 		if id, ok := m.pickJob(ctx, "failed", "cancelled"); ok {
-			// Refused while a dependency of it failed: that is fine here.
-			pool.RetryJob(ctx, m.db, id)
+			m.retry(ctx, id)
 		}
 	case r < 11:
 		if id, ok := m.pickJob(ctx, "pending", "available", "running"); ok {
@@ -224,7 +284,7 @@ func (m *wfModel) step(ctx context.Context) {
 }
 
 func runWorkflowModel(t *testing.T, seed int64, chaos time.Duration) {
-	m := &wfModel{t: t, seed: seed, rng: rand.New(rand.NewPCG(uint64(seed), 18)), db: pgtest.Pool(t), revoked: map[int64]bool{}}
+	m := &wfModel{t: t, seed: seed, rng: rand.New(rand.NewPCG(uint64(seed), 18)), db: pgtest.Pool(t), revoked: map[int64]bool{}, putBack: map[int64]map[string]bool{}}
 	ctx := context.Background()
 	m.startPool()
 	m.startPool()
