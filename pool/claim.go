@@ -414,6 +414,30 @@ func (p *Pool) claim(ctx context.Context, limit int) (n int, busy bool, err erro
 		p.startAll(jobs, sentAt)
 		claimed += len(jobs)
 	}
+	for _, q := range plan.keyed {
+		if claimed >= limit {
+			break
+		}
+		sentAt := time.Now()
+		probe := p.unkeyed.due(q, p.cfg.PollInterval)
+		params := store.KeyedParams{Unkeyed: probe,
+			ClaimParams: store.ClaimParams{Queues: []string{q}, Limit: limit - claimed, WorkerID: p.cfg.ID, Lease: p.cfg.LeaseDuration}}
+		jobs, err := store.ClaimKeyed(sctx, controlDB{p}, params)
+		if err != nil {
+			if errors.Is(err, store.ErrQueueBusy) {
+				busy = true
+			} else {
+				firstErr = cmp.Or(firstErr, err)
+			}
+			p.log.DebugContext(ctx, "claiming jobs of a queue with a per-key limit failed", slog.String("queue", q), slog.Any("err", err))
+			continue
+		}
+		if probe {
+			p.unkeyed.record(q, jobs)
+		}
+		p.startAll(jobs, sentAt)
+		claimed += len(jobs)
+	}
 	if len(plan.uncapped) > 0 && claimed < limit {
 		n, err := p.claimUncapped(sctx, plan.uncapped, limit-claimed)
 		if err != nil {

@@ -86,10 +86,11 @@ type Pool struct {
 	active      atomic.Int64  // handler goroutines not yet returned (each holds one errgroup slot)
 	group       errgroup.Group
 	jobsCtx     context.Context
-	revocations *recorder // writes notified revocations into their rows
-	waiterID    string    // this pool's name in leash.waiters
-	queues      queueView // leash.queues as last read, for routing claims
-	scan        claimScan // where the next claim of a single queue starts
+	revocations *recorder     // writes notified revocations into their rows
+	waiterID    string        // this pool's name in leash.waiters
+	queues      queueView     // leash.queues as last read, for routing claims
+	scan        claimScan     // where the next claim of a single queue starts
+	unkeyed     unkeyedProbes // when the claims of queues with a per-key limit look for jobs without a key
 
 	finishCh    chan finishItem
 	outcomeWake chan struct{} // an outcome was queued: the finisher's flush interval starts

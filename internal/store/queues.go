@@ -16,6 +16,8 @@ type QueueControl struct {
 	PausedAt *time.Time
 	// MaxRunning is nil when the queue is uncapped.
 	MaxRunning *int
+	// MaxRunningPerKey is nil when the queue has no per-key limit.
+	MaxRunningPerKey *int
 }
 
 // Paused reports whether the queue is paused.
@@ -25,7 +27,7 @@ func (q QueueControl) Paused() bool { return q.PausedAt != nil }
 // absent from the map.
 func QueueControls(ctx context.Context, db DBTX, names []string) (map[string]QueueControl, error) {
 	rows, err := db.Query(ctx, `
-		SELECT name, paused_at, max_running FROM leash.queues WHERE name = ANY($1::text[])`, names)
+		SELECT name, paused_at, max_running, max_running_per_key FROM leash.queues WHERE name = ANY($1::text[])`, names)
 	if err != nil {
 		return nil, fmt.Errorf("read queue controls: %w", err)
 	}
@@ -33,7 +35,7 @@ func QueueControls(ctx context.Context, db DBTX, names []string) (map[string]Que
 	out := make(map[string]QueueControl)
 	for rows.Next() {
 		var q QueueControl
-		if err := rows.Scan(&q.Name, &q.PausedAt, &q.MaxRunning); err != nil {
+		if err := rows.Scan(&q.Name, &q.PausedAt, &q.MaxRunning, &q.MaxRunningPerKey); err != nil {
 			return nil, fmt.Errorf("read queue controls: %w", err)
 		}
 		out[q.Name] = q
@@ -84,7 +86,7 @@ type QueueInfo struct {
 
 // AllQueueControls reads every row of leash.queues, by name.
 func AllQueueControls(ctx context.Context, db DBTX) ([]QueueControl, error) {
-	rows, err := db.Query(ctx, `SELECT name, paused_at, max_running FROM leash.queues ORDER BY name`)
+	rows, err := db.Query(ctx, `SELECT name, paused_at, max_running, max_running_per_key FROM leash.queues ORDER BY name`)
 	if err != nil {
 		return nil, fmt.Errorf("read queue controls: %w", err)
 	}
@@ -92,7 +94,7 @@ func AllQueueControls(ctx context.Context, db DBTX) ([]QueueControl, error) {
 	var out []QueueControl
 	for rows.Next() {
 		var q QueueControl
-		if err := rows.Scan(&q.Name, &q.PausedAt, &q.MaxRunning); err != nil {
+		if err := rows.Scan(&q.Name, &q.PausedAt, &q.MaxRunning, &q.MaxRunningPerKey); err != nil {
 			return nil, fmt.Errorf("read queue controls: %w", err)
 		}
 		out = append(out, q)

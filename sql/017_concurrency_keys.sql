@@ -1,0 +1,217 @@
+-- leash 017: per-key concurrency. A job may carry a concurrency_key (a customer, a tenant, an
+-- account); a queue may set max_running_per_key: at most that many jobs of one key of the queue
+-- hold the key at once across all workers. A job holds its key from its first start until it is
+-- finished (completed, failed, cancelled): while it runs, and while it waits to run again (to
+-- retry after an error, snoozed, handed back at shutdown, rescued after its worker died). With 1,
+-- a key is sequential: the next job of a key starts only once the one before it has finished, in
+-- the key's (priority, run_at, id) order. Jobs without a key are limited only by the queue's own
+-- settings (pause, max_running).
+-- How a claim keeps the limit: a queue with max_running_per_key is claimed as a capped queue is,
+-- under its leash.queues row (FOR UPDATE SKIP LOCKED, one claim of the queue at a time across
+-- all workers), in a READ COMMITTED transaction whose claim statement counts each key's holders
+-- in a snapshot taken after the row was granted: exact, from the commit of the limit. The claim
+-- does not walk the jobs of keys at their limit: leash.concurrency_keys holds one row per key
+-- that has a job to claim, at the position (priority, run_at, id) of that job, and the claim
+-- walks that table's index in order. Only claims (holding the queue's row) write it. Every other
+-- change that may give a key something to claim (an insert, a job that stops running, a retry, a
+-- changed run_at, priority, queue or key) appends the key to leash.key_wakes from a trigger, never
+-- waiting on a lock; the next claim of the queue brings those keys' rows up to date.
+-- leash:no-transaction
+-- It runs outside a transaction because the two indexes on leash.jobs are built concurrently,
+-- without blocking inserts or claims. Every statement is safe to repeat, so a run cut short is
+-- simply run again.
+-- Safe to apply while workers of the previous release run: it adds columns (NULL, no rewrite), a
+-- check for new rows only, tables, indexes, functions and triggers those workers' statements do
+-- not depend on; the triggers only append to leash.key_wakes, and only for jobs with a key in a
+-- queue with a per-key limit, which no previous release writes. Those workers ignore the new
+-- limit: a queue whose per-key limit must hold needs every worker of this release.
+
+ALTER TABLE leash.jobs ADD COLUMN IF NOT EXISTS concurrency_key text;
+
+-- Empty is not a key (the Go API stores "" as NULL); a key is at most 1024 bytes, as a unique key.
+-- Text cannot hold NUL. Checked for new and updated rows only: every existing row has none.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_constraint WHERE conname = 'jobs_concurrency_key_check'
+                   AND conrelid = 'leash.jobs'::regclass) THEN
+        ALTER TABLE leash.jobs ADD CONSTRAINT jobs_concurrency_key_check
+            CHECK (concurrency_key IS NULL OR (concurrency_key <> '' AND octet_length(concurrency_key) <= 1024)) NOT VALID;
+    END IF;
+END;
+$$;
+
+ALTER TABLE leash.queues ADD COLUMN IF NOT EXISTS max_running_per_key integer;
+
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_constraint WHERE conname = 'queues_max_running_per_key_check'
+                   AND conrelid = 'leash.queues'::regclass) THEN
+        ALTER TABLE leash.queues ADD CONSTRAINT queues_max_running_per_key_check
+            CHECK (max_running_per_key IS NULL OR max_running_per_key >= 0);
+    END IF;
+END;
+$$;
+
+-- The keys of a queue that have a job to claim, one row each, at the position of the first such
+-- job: a job of the key that holds it and is waiting to run again, else, while the key has
+-- room, its first job not yet started. Due positions come first; a key whose jobs are all
+-- scheduled later is at the earliest of them. Written by claims only (each holding its queue's
+-- row), so its rows are never waited for; nobody else needs to read it.
+CREATE TABLE IF NOT EXISTS leash.concurrency_keys (
+    queue         text        NOT NULL,
+    key           text        NOT NULL,
+    next_priority smallint    NOT NULL,
+    next_run_at   timestamptz NOT NULL,
+    next_id       bigint      NOT NULL,
+    PRIMARY KEY (queue, key)
+);
+
+CREATE INDEX IF NOT EXISTS concurrency_keys_next_idx
+    ON leash.concurrency_keys (queue, next_priority, next_run_at, next_id);
+
+REVOKE ALL ON leash.concurrency_keys FROM PUBLIC;
+
+-- Keys whose row in leash.concurrency_keys may be out of date, appended by the triggers below and
+-- consumed by the next claim of the queue (which deletes the entries it has seen, in the same
+-- statement that brings the keys' rows up to date). Appending never waits: no unique index.
+CREATE TABLE IF NOT EXISTS leash.key_wakes (
+    queue text NOT NULL,
+    key   text NOT NULL
+);
+
+CREATE INDEX IF NOT EXISTS key_wakes_queue_key_idx ON leash.key_wakes (queue, key);
+
+REVOKE ALL ON leash.key_wakes FROM PUBLIC;
+
+-- A key's waiting jobs in its order, and the jobs that hold it (running, or started and waiting
+-- to run again). Partial: jobs without a key are in neither, so they cost nothing more.
+-- A build cut short leaves an invalid index behind: only such a one is dropped and built again.
+DO $$
+BEGIN
+    IF EXISTS (SELECT FROM pg_index WHERE indexrelid = to_regclass('leash.jobs_key_queued_idx') AND NOT indisvalid) THEN
+        ALTER INDEX leash.jobs_key_queued_idx RENAME TO jobs_key_queued_idx_invalid;
+    END IF;
+    IF EXISTS (SELECT FROM pg_index WHERE indexrelid = to_regclass('leash.jobs_key_holders_idx') AND NOT indisvalid) THEN
+        ALTER INDEX leash.jobs_key_holders_idx RENAME TO jobs_key_holders_idx_invalid;
+    END IF;
+END;
+$$;
+
+DROP INDEX CONCURRENTLY IF EXISTS leash.jobs_key_queued_idx_invalid;
+DROP INDEX CONCURRENTLY IF EXISTS leash.jobs_key_holders_idx_invalid;
+
+CREATE INDEX CONCURRENTLY IF NOT EXISTS jobs_key_queued_idx
+    ON leash.jobs (queue, concurrency_key, priority, run_at, id)
+    WHERE concurrency_key IS NOT NULL AND state IN ('available', 'retryable') AND attempted_at IS NULL;
+
+CREATE INDEX CONCURRENTLY IF NOT EXISTS jobs_key_holders_idx
+    ON leash.jobs (queue, concurrency_key)
+    WHERE concurrency_key IS NOT NULL
+      AND (state = 'running' OR (state IN ('available', 'retryable') AND attempted_at IS NOT NULL));
+
+-- Appends the old and the new key of a changed job to leash.key_wakes, each only when its queue
+-- has a per-key limit. Runs with its owner's rights: whoever may write leash.jobs needs no right
+-- on leash.key_wakes or leash.queues.
+CREATE OR REPLACE FUNCTION leash.wake_concurrency_keys() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF TG_OP <> 'INSERT' AND OLD.concurrency_key IS NOT NULL THEN
+        INSERT INTO leash.key_wakes (queue, key)
+        SELECT OLD.queue, OLD.concurrency_key
+        WHERE EXISTS (SELECT FROM leash.queues q WHERE q.name = OLD.queue AND q.max_running_per_key IS NOT NULL);
+    END IF;
+    IF TG_OP <> 'DELETE' AND NEW.concurrency_key IS NOT NULL
+       AND (TG_OP = 'INSERT' OR NEW.queue IS DISTINCT FROM OLD.queue OR NEW.concurrency_key IS DISTINCT FROM OLD.concurrency_key) THEN
+        INSERT INTO leash.key_wakes (queue, key)
+        SELECT NEW.queue, NEW.concurrency_key
+        WHERE EXISTS (SELECT FROM leash.queues q WHERE q.name = NEW.queue AND q.max_running_per_key IS NOT NULL);
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+REVOKE ALL ON FUNCTION leash.wake_concurrency_keys() FROM PUBLIC;
+
+-- An insert of a job with a key; any change that may give its key (old or new) something to claim
+-- or take it away, except a claim's own (queued to running, which the claim accounts for):
+-- renewals, progress and the claims themselves do not fire it; jobs without a key never do.
+DROP TRIGGER IF EXISTS jobs_key_inserted ON leash.jobs;
+CREATE TRIGGER jobs_key_inserted AFTER INSERT ON leash.jobs
+    FOR EACH ROW WHEN (NEW.concurrency_key IS NOT NULL)
+    EXECUTE FUNCTION leash.wake_concurrency_keys();
+
+DROP TRIGGER IF EXISTS jobs_key_changed ON leash.jobs;
+CREATE TRIGGER jobs_key_changed AFTER UPDATE ON leash.jobs
+    FOR EACH ROW WHEN ((OLD.concurrency_key IS NOT NULL OR NEW.concurrency_key IS NOT NULL)
+        AND NOT (OLD.state IN ('available', 'retryable') AND NEW.state = 'running'
+                 AND OLD.queue = NEW.queue AND OLD.concurrency_key IS NOT DISTINCT FROM NEW.concurrency_key)
+        AND (OLD.state, OLD.run_at, OLD.priority, OLD.queue, OLD.concurrency_key, OLD.attempted_at, OLD.revoked_at)
+            IS DISTINCT FROM (NEW.state, NEW.run_at, NEW.priority, NEW.queue, NEW.concurrency_key, NEW.attempted_at, NEW.revoked_at))
+    EXECUTE FUNCTION leash.wake_concurrency_keys();
+
+DROP TRIGGER IF EXISTS jobs_key_deleted ON leash.jobs;
+CREATE TRIGGER jobs_key_deleted AFTER DELETE ON leash.jobs
+    FOR EACH ROW WHEN (OLD.concurrency_key IS NOT NULL AND OLD.state IN ('available', 'retryable', 'running'))
+    EXECUTE FUNCTION leash.wake_concurrency_keys();
+
+-- A per-key limit set or changed wakes every key of the queue that has unfinished jobs (their
+-- rows are built by the next claim); a limit removed drops the queue's rows and wakes, which
+-- nothing reads then (the queue is claimed as any other).
+CREATE OR REPLACE FUNCTION leash.queue_keys_limit_changed() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF TG_OP = 'UPDATE' AND OLD.max_running_per_key IS NOT DISTINCT FROM NEW.max_running_per_key THEN
+        RETURN NULL;
+    END IF;
+    IF NEW.max_running_per_key IS NULL THEN
+        DELETE FROM leash.concurrency_keys c WHERE c.queue = NEW.name;
+        DELETE FROM leash.key_wakes w WHERE w.queue = NEW.name;
+        RETURN NULL;
+    END IF;
+    INSERT INTO leash.key_wakes (queue, key)
+    SELECT DISTINCT NEW.name, j.concurrency_key FROM leash.jobs j
+    WHERE j.queue = NEW.name AND j.concurrency_key IS NOT NULL AND j.state IN ('available', 'retryable', 'running');
+    RETURN NULL;
+END;
+$$;
+
+REVOKE ALL ON FUNCTION leash.queue_keys_limit_changed() FROM PUBLIC;
+
+DROP TRIGGER IF EXISTS queues_keys_limit_changed ON leash.queues;
+CREATE TRIGGER queues_keys_limit_changed AFTER INSERT OR UPDATE OF max_running_per_key ON leash.queues
+    FOR EACH ROW EXECUTE FUNCTION leash.queue_keys_limit_changed();
+
+-- Sets the queue's per-key limit (NULL removes it): at most n jobs of one key of the queue hold
+-- the key at once, across all workers, from its commit (it waits for the claims of the queue in
+-- flight). Jobs already holding a key over a lowered limit go on. True when the limit changed.
+CREATE OR REPLACE FUNCTION leash.set_queue_max_running_per_key(name text, n integer) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    changed boolean;
+BEGIN
+    INSERT INTO leash.queues AS q (name, max_running_per_key) VALUES (set_queue_max_running_per_key.name, n)
+    ON CONFLICT ON CONSTRAINT queues_pkey DO UPDATE SET max_running_per_key = excluded.max_running_per_key, updated_at = now()
+        WHERE q.max_running_per_key IS DISTINCT FROM excluded.max_running_per_key
+    RETURNING true INTO changed;
+    RETURN coalesce(changed, false);
+END;
+$$;
+
+REVOKE ALL ON FUNCTION leash.set_queue_max_running_per_key(text, integer) FROM PUBLIC;
+
+-- As in 010, with the per-key limit among what a worker's row may hold: a row that holds one is
+-- an operator's setting and is never replaced.
+CREATE OR REPLACE FUNCTION leash.queue_replaces_implicit() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF NOT NEW.implicit AND EXISTS (
+        SELECT FROM leash.queues q
+        WHERE q.name OPERATOR(pg_catalog.=) NEW.name AND q.implicit
+          AND q.paused_at IS NULL AND q.max_running IS NULL AND q.max_running_per_key IS NULL) THEN
+        DELETE FROM leash.queues q
+        WHERE q.name OPERATOR(pg_catalog.=) NEW.name AND q.implicit
+          AND q.paused_at IS NULL AND q.max_running IS NULL AND q.max_running_per_key IS NULL;
+    END IF;
+    RETURN NEW;
+END;
+$$;
