@@ -1,0 +1,287 @@
+package pool_test
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/leashq/leash/internal/pgtest"
+	"github.com/leashq/leash/pool"
+)
+
+// keyRuns records, in the handlers, how many jobs of each key run at once (the most seen, over
+// all keys) and the order in which each key's jobs started (job ids, a retry or snooze repeating
+// its id).
+type keyRuns struct {
+	mu     sync.Mutex
+	now    map[string]int
+	most   int
+	starts map[string][]int64
+	// over, while set, records every start that found more than this many of its key running.
+	over     atomic.Int64
+	overSeen atomic.Int64
+	keyless  concurrency
+}
+
+func newKeyRuns() *keyRuns {
+	return &keyRuns{now: map[string]int{}, starts: map[string][]int64{}}
+}
+
+func (k *keyRuns) enter(key string, id int64) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.now[key]++
+	k.most = max(k.most, k.now[key])
+	k.starts[key] = append(k.starts[key], id)
+	if o := k.over.Load(); o > 0 && int64(k.now[key]) > o {
+		k.overSeen.Add(1)
+	}
+}
+
+func (k *keyRuns) leave(key string) {
+	k.mu.Lock()
+	k.now[key]--
+	k.mu.Unlock()
+}
+
+// mostRunning is the most jobs of one key running at once so far.
+func (k *keyRuns) mostRunning() int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.most
+}
+
+// busiest is the most jobs of one key running right now.
+func (k *keyRuns) busiest() int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	n := 0
+	for _, c := range k.now {
+		n = max(n, c)
+	}
+	return n
+}
+
+// keyHandler runs a job for d, counted by k. A job whose payload says so fails its first attempt
+// (retried after 5ms) or snoozes once for 5ms: either way it holds its key meanwhile.
+func keyHandler(k *keyRuns, d time.Duration) pool.Handler {
+	var snoozed sync.Map
+	return pool.HandlerFunc(func(ctx context.Context, j *pool.Job) error {
+		if j.ConcurrencyKey == "" {
+			k.keyless.enter()
+			defer k.keyless.leave()
+		} else {
+			k.enter(j.ConcurrencyKey, j.ID)
+			defer k.leave(j.ConcurrencyKey)
+		}
+		select {
+		case <-time.After(d):
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+		switch p := string(j.Payload); {
+		case strings.Contains(p, `"fail"`) && j.Attempt == 1:
+			return pool.RetryAfter(5*time.Millisecond, errors.New("first attempt fails"))
+		case strings.Contains(p, `"snooze"`):
+			if _, again := snoozed.LoadOrStore(j.ID, true); !again {
+				return pool.Snooze(5 * time.Millisecond)
+			}
+		}
+		return nil
+	})
+}
+
+// sampleKeyRunning records the most jobs of one key of queue seen running at once in the
+// database until stop.
+func sampleKeyRunning(t *testing.T, db *pgxpool.Pool, queue string, stop <-chan struct{}) *atomic.Int64 {
+	t.Helper()
+	var most atomic.Int64
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			var n int64
+			if err := db.QueryRow(context.Background(), `SELECT coalesce(max(n), 0) FROM (
+				SELECT concurrency_key, count(*) AS n FROM leash.jobs
+				WHERE queue = $1 AND state = 'running' AND concurrency_key IS NOT NULL GROUP BY 1) r`, queue).Scan(&n); err != nil {
+				return
+			}
+			if n > most.Load() {
+				most.Store(n)
+			}
+		}
+	}()
+	t.Cleanup(wg.Wait)
+	return &most
+}
+
+// insertKeyed inserts, in one statement, jobs per key for each of keys (in id order within a
+// key, all of one run_at and priority), every seventh failing its first attempt and every
+// eleventh snoozing once, and keyless jobs without a key.
+func insertKeyed(t *testing.T, db *pgxpool.Pool, queue string, keys, perKey, keyless int) {
+	t.Helper()
+	if _, err := db.Exec(context.Background(), `
+		INSERT INTO leash.jobs (queue, kind, concurrency_key, payload)
+		SELECT $1, 'kw', k, CASE WHEN (i * 131 + k_n) % 7 = 0 THEN '{"fail": true}'::jsonb
+		                         WHEN (i * 131 + k_n) % 11 = 0 THEN '{"snooze": true}'::jsonb ELSE '{}' END
+		FROM generate_series(1, $3) i, generate_series(1, $2) k_n, LATERAL (SELECT 'key-' || k_n AS k) kk
+		UNION ALL
+		SELECT $1, 'kw', NULL, '{}' FROM generate_series(1, $4)
+`, queue, keys, perKey, keyless); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// checkKeyOrder fails unless each key's jobs started in id order, a job started again (a retry, a
+// snooze) only right after its own earlier start.
+func checkKeyOrder(t *testing.T, k *keyRuns) {
+	t.Helper()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for key, ids := range k.starts {
+		for i := 1; i < len(ids); i++ {
+			if ids[i] < ids[i-1] {
+				t.Fatalf("key %s: jobs started in the order %v: job %d after job %d", key, ids, ids[i], ids[i-1])
+			}
+		}
+	}
+}
+
+// A per-key limit holds across four pools that together have far more free slots than one key
+// may use: neither the handlers of one key running at once nor its rows running ever exceed it,
+// jobs without a key run beside them unlimited, every job completes, and with a limit of 1 each
+// key's jobs start in its order, a job that failed or snoozed running again before the next one.
+// Also with the isolation level a DBA may set for the database: the claim's count of a key's
+// holders is exact only under READ COMMITTED, which it sets for itself.
+func TestPerKeyLimitAcrossPools(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		limit int
+		iso   string
+	}{{2, ""}, {1, ""}, {1, "repeatable read"}} {
+		t.Run(fmt.Sprintf("limit_%d_%s", tc.limit, strings.ReplaceAll(cmp.Or(tc.iso, "default"), " ", "_")), func(t *testing.T) {
+			t.Parallel()
+			db := pgtest.Pool(t)
+			if tc.iso != "" {
+				db = withDatabaseSetting(t, db, "default_transaction_isolation", tc.iso)
+			}
+			perKeyLimitAcrossPools(t, db, tc.limit)
+		})
+	}
+}
+
+func perKeyLimitAcrossPools(t *testing.T, db *pgxpool.Pool, limit int) {
+	ctx := context.Background()
+	const keys, perKey, keyless = 30, 12, 60
+	if err := pool.SetQueueMaxRunningPerKey(ctx, db, "keyed", limit); err != nil {
+		t.Fatal(err)
+	}
+	insertKeyed(t, db, "keyed", keys, perKey, keyless)
+	k := newKeyRuns()
+	stop := make(chan struct{})
+	most := sampleKeyRunning(t, db, "keyed", stop)
+	for range 4 {
+		cfg := fastConfig()
+		cfg.Queues = []string{"keyed"}
+		cfg.Concurrency = 20
+		p, _ := setup(t, db, cfg, map[string]pool.Handler{"kw": keyHandler(k, 2*time.Millisecond)})
+		start(t, p)
+	}
+	waitFor(t, 60*time.Second, func() bool {
+		return count(t, db, `SELECT count(*) FROM leash.jobs WHERE state = 'completed'`) == keys*perKey+keyless
+	})
+	close(stop)
+	if m := k.mostRunning(); m > limit {
+		t.Fatalf("%d handlers of one key ran at once; the limit is %d", m, limit)
+	}
+	if m := most.Load(); m > int64(limit) {
+		t.Fatalf("%d jobs of one key were running at once in the database; the limit is %d", m, limit)
+	}
+	if k.mostRunning() < limit {
+		t.Fatalf("at most %d handlers of one key ran at once: the limit %d was never reached", k.mostRunning(), limit)
+	}
+	if k.keyless.max.Load() < 2 {
+		t.Fatalf("at most %d job without a key ran at once: they were limited", k.keyless.max.Load())
+	}
+	if limit == 1 {
+		checkKeyOrder(t, k)
+	}
+	// The last outcomes' wakes are consumed by the next claims (the poll's).
+	waitFor(t, 5*time.Second, func() bool {
+		return count(t, db, `SELECT (SELECT count(*) FROM leash.concurrency_keys) + (SELECT count(*) FROM leash.key_wakes)`) == 0
+	})
+}
+
+// A per-key limit set, lowered, raised and removed under load binds every worker from its
+// commit: once the jobs over a lowered limit that were running then have finished, no start finds
+// more of its key running than the limit; a raised limit is used at once; without a limit the
+// queue drains as any other. The limit is first set on a queue the pools already work unlimited,
+// so their claims go by a view of leash.queues that does not know it yet.
+func TestPerKeyLimitChangedUnderLoad(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	ctx := context.Background()
+	const keys, perKey = 8, 400
+	if _, err := db.Exec(ctx, `INSERT INTO leash.jobs (queue, kind, concurrency_key)
+		SELECT 'lq', 'kw', 'key-' || k FROM generate_series(1, $2) i, generate_series(1, $1) k`, keys, perKey); err != nil {
+		t.Fatal(err)
+	}
+	k := newKeyRuns()
+	for range 4 {
+		cfg := fastConfig()
+		cfg.Queues = []string{"lq"}
+		cfg.Concurrency = 8
+		cfg.PollInterval = time.Second // the view of leash.queues lags behind: the claims must not
+		p, _ := setup(t, db, cfg, map[string]pool.Handler{"kw": keyHandler(k, 3*time.Millisecond)})
+		start(t, p)
+	}
+	waitFor(t, 10*time.Second, func() bool { return k.busiest() >= 3 })
+	settle := func(limit int) {
+		t.Helper()
+		k.over.Store(0) // a raised limit is seen only from its commit
+		if err := pool.SetQueueMaxRunningPerKey(ctx, db, "lq", limit); err != nil {
+			t.Fatal(err)
+		}
+		if limit < 0 {
+			return
+		}
+		// The jobs over the new limit that were running at its commit finish within a few ms: in
+		// the database, whose running rows include those claimed and not yet started.
+		waitFor(t, 10*time.Second, func() bool {
+			return count(t, db, `SELECT coalesce(max(n), 0) FROM (SELECT count(*) AS n FROM leash.jobs
+				WHERE queue = 'lq' AND state = 'running' GROUP BY concurrency_key) r`) <= int64(limit)
+		})
+		k.over.Store(int64(limit))
+	}
+	for _, limit := range []int{1, 3, 2, 1} {
+		settle(limit)
+		before := count(t, db, `SELECT count(*) FROM leash.jobs WHERE state = 'completed'`)
+		waitFor(t, 20*time.Second, func() bool {
+			return count(t, db, `SELECT count(*) FROM leash.jobs WHERE state = 'completed'`) >= before+100
+		})
+		if limit > 1 {
+			waitFor(t, 10*time.Second, func() bool { return k.busiest() == limit })
+		}
+		if n := k.overSeen.Load(); n > 0 {
+			t.Fatalf("limit %d: %d starts found more of their key running", limit, n)
+		}
+	}
+	settle(-1)
+	waitFor(t, 30*time.Second, func() bool {
+		return count(t, db, `SELECT count(*) FROM leash.jobs WHERE state = 'completed'`) == keys*perKey
+	})
+}
