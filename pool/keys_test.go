@@ -245,18 +245,20 @@ func TestPerKeyLimitChangedUnderLoad(t *testing.T) {
 		cfg := fastConfig()
 		cfg.Queues = []string{"lq"}
 		cfg.Concurrency = 8
-		cfg.PollInterval = time.Second // the view of leash.queues lags behind: the claims must not
-		p, _ := setup(t, db, cfg, map[string]pool.Handler{"kw": keyHandler(k, 3*time.Millisecond)})
+		// The view of leash.queues lags behind (no notifications, a poll a second): the claims
+		// must not.
+		cfg.PollInterval = time.Second
+		deafListener(t, &cfg)
+		p, _ := setup(t, db, cfg, map[string]pool.Handler{"kw": keyHandler(k, 15*time.Millisecond)})
 		start(t, p)
 	}
 	waitFor(t, 10*time.Second, func() bool { return k.busiest() >= 3 })
 	settle := func(limit int) {
 		t.Helper()
-		k.over.Store(0) // a raised limit is seen only from its commit
-		if err := pool.SetQueueMaxRunningPerKey(ctx, db, "lq", limit); err != nil {
-			t.Fatal(err)
-		}
 		if limit < 0 {
+			if err := pool.SetQueueMaxRunningPerKey(ctx, db, "lq", limit); err != nil {
+				t.Fatal(err)
+			}
 			return
 		}
 		// The jobs over the new limit that were running at its commit finish within a few ms: in
@@ -267,7 +269,26 @@ func TestPerKeyLimitChangedUnderLoad(t *testing.T) {
 		})
 		k.over.Store(int64(limit))
 	}
-	for _, limit := range []int{1, 3, 2, 1} {
+	// Jobs claimed from the commit of each change until the next, per change, as (from, to).
+	type window struct{ from, to time.Time }
+	var windows []window
+	now := func() time.Time {
+		var ts time.Time
+		if err := db.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&ts); err != nil {
+			t.Fatal(err)
+		}
+		return ts
+	}
+	limits := []int{1, 3, 2, 1}
+	for i, limit := range limits {
+		if i > 0 {
+			windows[i-1].to = now()
+		}
+		k.over.Store(0) // a raised limit is seen only from its commit
+		if err := pool.SetQueueMaxRunningPerKey(ctx, db, "lq", limit); err != nil {
+			t.Fatal(err)
+		}
+		windows = append(windows, window{from: now()})
 		settle(limit)
 		before := count(t, db, `SELECT count(*) FROM leash.jobs WHERE state = 'completed'`)
 		waitFor(t, 20*time.Second, func() bool {
@@ -280,8 +301,26 @@ func TestPerKeyLimitChangedUnderLoad(t *testing.T) {
 			t.Fatalf("limit %d: %d starts found more of their key running", limit, n)
 		}
 	}
+	windows[len(windows)-1].to = now()
 	settle(-1)
 	waitFor(t, 30*time.Second, func() bool {
 		return count(t, db, `SELECT count(*) FROM leash.jobs WHERE state = 'completed'`) == keys*perKey
 	})
+	// In the database: among the jobs claimed under one limit (from its commit on), never more of
+	// one key ran at once than that limit. A job's claim (attempted_at) comes after the outcome
+	// of the one it waited for (finished_at, that outcome's transaction time), give or take the
+	// few hundred microseconds between the start of the claim's transaction (its now()) and its
+	// statement: 5ms, a third of what a job runs.
+	for i, w := range windows {
+		if n := count(t, db, `
+			SELECT coalesce(max(n), 0) FROM (
+				SELECT a.id, count(*) AS n FROM leash.jobs a JOIN leash.jobs b
+				  ON b.queue = a.queue AND b.concurrency_key = a.concurrency_key
+				 AND b.attempted_at <= a.attempted_at AND b.finished_at > a.attempted_at + interval '5 milliseconds'
+				WHERE a.queue = 'lq' AND a.attempted_at >= $1 AND a.attempted_at < $2
+				  AND b.attempted_at >= $1 AND b.attempted_at < $2
+				GROUP BY a.id) o`, w.from, w.to); n > int64(limits[i]) {
+			t.Fatalf("limit %d: a job started while %d of its key claimed under that limit ran", limits[i], n)
+		}
+	}
 }

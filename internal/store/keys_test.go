@@ -2,7 +2,9 @@ package store_test
 
 import (
 	"context"
+	"errors"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -23,7 +25,9 @@ func execAll(t *testing.T, db *pgxpool.Pool, sqls ...string) {
 
 func claimKeyed(t *testing.T, db *pgxpool.Pool, queue string, limit int, unkeyed bool) []store.ClaimedJob {
 	t.Helper()
-	jobs, err := store.ClaimKeyed(context.Background(), db, store.KeyedParams{Unkeyed: unkeyed,
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // a claim never waits
+	defer cancel()
+	jobs, err := store.ClaimKeyed(ctx, db, store.KeyedParams{Unkeyed: unkeyed,
 		ClaimParams: store.ClaimParams{Queues: []string{queue}, Limit: limit, WorkerID: "w", Lease: time.Minute}})
 	if err != nil {
 		t.Fatal(err)
@@ -83,5 +87,140 @@ func TestClaimKeyedSequential(t *testing.T) {
 	}
 	if rows != 0 || wakes != 0 {
 		t.Fatalf("%d key rows and %d wakes left; want none (nothing left to claim)", rows, wakes)
+	}
+}
+
+// The claim of a queue with a per-key limit runs under READ COMMITTED whatever the session's
+// default: its count of a key's holders must see the claims that committed before it took the
+// queue's row. A test trigger records the isolation level of the claim's transaction.
+func TestClaimKeyedIsReadCommitted(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	ctx := context.Background()
+	execAll(t, db,
+		`CREATE TABLE seen_isolation (level text)`,
+		`CREATE FUNCTION record_isolation() RETURNS trigger LANGUAGE plpgsql AS $$
+		 BEGIN INSERT INTO seen_isolation VALUES (current_setting('transaction_isolation')); RETURN NULL; END $$`,
+		`CREATE TRIGGER record_isolation AFTER UPDATE ON leash.jobs FOR EACH STATEMENT EXECUTE FUNCTION record_isolation()`,
+		`SELECT leash.set_queue_max_running_per_key('kq', 1)`,
+		`INSERT INTO leash.jobs (queue, kind, concurrency_key) SELECT 'kq', 'w', 'k' || i FROM generate_series(1, 3) i`)
+	cfg := db.Config().Copy()
+	cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = "repeatable read"
+	rr, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rr.Close()
+	if got := claimKeyed(t, rr, "kq", 10, false); len(got) != 3 {
+		t.Fatalf("ClaimKeyed = %d jobs; want 3", len(got))
+	}
+	var levels []string
+	rows, err := db.Query(ctx, `SELECT DISTINCT level FROM seen_isolation`)
+	if err == nil {
+		for rows.Next() {
+			var l string
+			if err = rows.Scan(&l); err != nil {
+				break
+			}
+			levels = append(levels, l)
+		}
+		rows.Close()
+	}
+	if err != nil || !slices.Equal(levels, []string{"read committed"}) {
+		t.Fatalf("the claim ran under %v (%v); want read committed", levels, err)
+	}
+}
+
+// Nothing another transaction holds makes the claim wait: a job row locked by a forgotten
+// transaction (an operator's SELECT ... FOR UPDATE) costs its key alone, whose later jobs do not
+// start in its place; a forgotten UPDATE of a running job of a key (whose trigger appended a wake)
+// costs nothing; the queue's row held by a forgotten change costs that queue alone (the claim
+// says it is busy at once), never another queue's claim.
+func TestClaimKeyedNeverWaits(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	ctx := context.Background()
+	execAll(t, db,
+		`SELECT leash.set_queue_max_running_per_key('kq', 1)`,
+		`SELECT leash.set_queue_max_running_per_key('other', 1)`,
+		// ids 1, 2: key a; 3, 4: key b; 5: key c, running; 6: other queue.
+		`INSERT INTO leash.jobs (queue, kind, concurrency_key) VALUES
+		   ('kq', 'w', 'a'), ('kq', 'w', 'a'), ('kq', 'w', 'b'), ('kq', 'w', 'b'), ('kq', 'w', 'c'), ('other', 'w', 'a')`,
+		`UPDATE leash.jobs SET state = 'running', lease_token = 1, lease_expires_at = now() + interval '1 hour',
+		   attempted_at = now() WHERE id = 5`)
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	forgotten, err := db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer forgotten.Rollback(context.Background())
+	if _, err := forgotten.Exec(ctx, `SELECT FROM leash.jobs WHERE id = 1 FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := forgotten.Exec(ctx, `UPDATE leash.jobs SET state = 'cancelled', finished_at = now(),
+		lease_token = NULL, lease_expires_at = NULL WHERE id = 5`); err != nil {
+		t.Fatal(err)
+	}
+	if got := claimedIDs(claimKeyed(t, db, "kq", 10, false)); !slices.Equal(got, []int64{3}) {
+		t.Fatalf("claim took %v; want job 3 alone (job 1 locked, job 2 after it, c held by a running job)", got)
+	}
+	queueHeld, err := db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer queueHeld.Rollback(context.Background())
+	if _, err := queueHeld.Exec(ctx, `UPDATE leash.queues SET max_running = 10 WHERE name = 'kq'`); err != nil {
+		t.Fatal(err)
+	}
+	_, err = store.ClaimKeyed(ctx, db, store.KeyedParams{ClaimParams: store.ClaimParams{
+		Queues: []string{"kq"}, Limit: 10, WorkerID: "w", Lease: time.Minute}})
+	if !errors.Is(err, store.ErrQueueBusy) {
+		t.Fatalf("claim with the queue's row held: %v; want ErrQueueBusy", err)
+	}
+	if got := claimedIDs(claimKeyed(t, db, "other", 10, false)); !slices.Equal(got, []int64{6}) {
+		t.Fatalf("claim of another queue took %v; want job 6", got)
+	}
+	if err := forgotten.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := queueHeld.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := claimedIDs(claimKeyed(t, db, "kq", 10, false)); !slices.Equal(got, []int64{1}) {
+		t.Fatalf("claim once the transactions ended took %v; want job 1", got)
+	}
+}
+
+// Keys as any SQL client may write them: empty is refused (the Go API stores no key as NULL), a
+// key over 1024 bytes is refused, NUL cannot be stored in text at all; a 1024-byte key of
+// multibyte characters is a key like any other. A negative per-key limit is refused; 0 starts no
+// job with a key, while the queue's jobs without one run.
+func TestConcurrencyKeyBounds(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	ctx := context.Background()
+	for _, bad := range []string{
+		`INSERT INTO leash.jobs (queue, kind, concurrency_key) VALUES ('kq', 'w', '')`,
+		`INSERT INTO leash.jobs (queue, kind, concurrency_key) VALUES ('kq', 'w', repeat('x', 1025))`,
+		`INSERT INTO leash.jobs (queue, kind, concurrency_key) VALUES ('kq', 'w', repeat('é', 513))`,
+		`INSERT INTO leash.jobs (queue, kind, concurrency_key) VALUES ('kq', 'w', e'a\x00b')`,
+		`SELECT leash.set_queue_max_running_per_key('kq', -1)`,
+		`INSERT INTO leash.queues (name, max_running_per_key) VALUES ('kq2', -3)`,
+	} {
+		if _, err := db.Exec(ctx, bad); err == nil {
+			t.Errorf("%s: accepted", bad)
+		}
+	}
+	execAll(t, db,
+		`SELECT leash.set_queue_max_running_per_key('kq', 0)`,
+		`INSERT INTO leash.jobs (queue, kind, concurrency_key) VALUES ('kq', 'w', repeat('é', 512)), ('kq', 'w', NULL)`)
+	if got := claimedIDs(claimKeyed(t, db, "kq", 10, true)); len(got) != 1 {
+		t.Fatalf("claim with a limit of 0 took %v; want the job without a key alone", got)
+	}
+	execAll(t, db, `SELECT leash.set_queue_max_running_per_key('kq', 1)`)
+	got := claimKeyed(t, db, "kq", 10, true)
+	if len(got) != 1 || got[0].ConcurrencyKey != strings.Repeat("é", 512) {
+		t.Fatalf("claim with a limit of 1 took %+v; want the job with the 1024-byte key", got)
 	}
 }
