@@ -3,6 +3,7 @@ package pool_test
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -321,6 +322,158 @@ func TestPerKeyLimitChangedUnderLoad(t *testing.T) {
 				  AND b.attempted_at >= $1 AND b.attempted_at < $2
 				GROUP BY a.id) o`, w.from, w.to); n > int64(limits[i]) {
 			t.Fatalf("limit %d: a job started while %d of its key claimed under that limit ran", limits[i], n)
+		}
+	}
+}
+
+// A job holds its key through every way an attempt can end without finishing the job, and the
+// key is released once the job is finished: a job whose worker died (its lease expired: rescued,
+// then run again) runs again before its key's next job; a revoked job (cancelled) lets the next
+// one start; a job handed back at shutdown runs again, on another pool, before its key's next
+// job; a job past its timeout is retried before the next one. No key ever has two jobs running.
+func TestKeyHeldUntilFinished(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	ctx := context.Background()
+	if err := pool.SetQueueMaxRunningPerKey(ctx, db, "rq", 1); err != nil {
+		t.Fatal(err)
+	}
+	ids := map[string][2]int64{}
+	for _, key := range []string{"rescue", "revoke", "handback", "timeout"} {
+		var pair [2]int64
+		for i := range pair {
+			opts := &pool.InsertOpts{Queue: "rq", ConcurrencyKey: key}
+			payload := map[string]bool{"block": i == 0 && key != "rescue"}
+			if key == "timeout" && i == 0 {
+				opts.Timeout = 100 * time.Millisecond
+			}
+			id, err := pool.Insert(ctx, db, "kb", payload, opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pair[i] = id
+		}
+		ids[key] = pair
+	}
+	// The first job of key rescue is held by a worker that died: running, its lease expired.
+	if _, err := db.Exec(ctx, `UPDATE leash.jobs SET state = 'running', attempt = 1, attempted_at = now(),
+		lease_token = nextval('leash.lease_tokens'), leased_by = 'dead', lease_expires_at = now() - interval '1 second'
+		WHERE id = $1`, ids["rescue"][0]); err != nil {
+		t.Fatal(err)
+	}
+	k := newKeyRuns()
+	var blocked sync.Map // job ids whose first attempt blocked
+	started := make(chan int64, 16)
+	handler := pool.HandlerFunc(func(ctx context.Context, j *pool.Job) error {
+		k.enter(j.ConcurrencyKey, j.ID)
+		defer k.leave(j.ConcurrencyKey)
+		var p struct{ Block bool }
+		if err := json.Unmarshal(j.Payload, &p); err != nil {
+			return err
+		}
+		if _, again := blocked.LoadOrStore(j.ID, true); !again && p.Block {
+			started <- j.ID
+			<-ctx.Done()
+			return context.Cause(ctx)
+		}
+		return nil
+	})
+	cfg := fastConfig()
+	cfg.Queues = []string{"rq"}
+	cfg.RescueInterval = 100 * time.Millisecond
+	cfg.ShutdownTimeout = 50 * time.Millisecond
+	first, _ := setup(t, db, cfg, map[string]pool.Handler{"kb": handler})
+	done := make(chan error, 1)
+	go func() { done <- first.Run(ctx) }()
+	waiting := map[int64]bool{ids["revoke"][0]: true, ids["handback"][0]: true, ids["timeout"][0]: true}
+	for len(waiting) > 0 {
+		select {
+		case id := <-started:
+			delete(waiting, id)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("jobs %v never started", waiting)
+		}
+	}
+	if ok, err := pool.RevokeJob(ctx, db, ids["revoke"][0], "test"); err != nil || !ok {
+		t.Fatalf("RevokeJob = %v, %v", ok, err)
+	}
+	state := func(id int64) string {
+		var s string
+		if err := db.QueryRow(ctx, `SELECT state FROM leash.jobs WHERE id = $1`, id).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	for _, key := range []string{"rescue", "revoke", "timeout"} {
+		waitFor(t, 10*time.Second, func() bool { return state(ids[key][1]) == "completed" })
+	}
+	if s := state(ids["handback"][1]); s != "available" {
+		t.Fatalf("the job after the one running on the first pool is %s; want available (its key is held)", s)
+	}
+	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	first.Shutdown(sctx)
+	if err := <-done; err != nil && !errors.Is(err, pool.ErrJobsCancelled) {
+		t.Fatalf("Run: %v", err)
+	}
+	if s := state(ids["handback"][0]); s != "available" {
+		t.Fatalf("the job running at shutdown is %s; want available (handed back)", s)
+	}
+	second, _ := setup(t, db, cfg, map[string]pool.Handler{"kb": handler})
+	start(t, second)
+	waitFor(t, 10*time.Second, func() bool { return state(ids["handback"][1]) == "completed" })
+	if m := k.mostRunning(); m > 1 {
+		t.Fatalf("%d jobs of one key ran at once; the limit is 1", m)
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for key, want := range map[string][]int64{
+		"rescue":   {ids["rescue"][0], ids["rescue"][1]},
+		"revoke":   {ids["revoke"][0], ids["revoke"][1]},
+		"handback": {ids["handback"][0], ids["handback"][0], ids["handback"][1]},
+		"timeout":  {ids["timeout"][0], ids["timeout"][0], ids["timeout"][1]},
+	} {
+		if got := k.starts[key]; fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("key %s: jobs started in the order %v; want %v", key, got, want)
+		}
+	}
+}
+
+// The Go API's concurrency keys: empty is no key (NULL), NUL bytes, invalid UTF-8 and keys over
+// MaxConcurrencyKeyBytes are refused before the database, a key of exactly that length is kept.
+func TestConcurrencyKeyChecked(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	ctx := context.Background()
+	for _, bad := range []string{"a\x00b", "bad\xff", strings.Repeat("k", pool.MaxConcurrencyKeyBytes+1)} {
+		if _, err := pool.Insert(ctx, db, "k", nil, &pool.InsertOpts{ConcurrencyKey: bad}); !errors.Is(err, pool.ErrInvalidJob) {
+			t.Errorf("key %q: %v; want ErrInvalidJob", bad[:min(len(bad), 8)], err)
+		}
+		if _, err := pool.InsertMany(ctx, db, []pool.InsertManyParams{{Kind: "k", Opts: &pool.InsertOpts{ConcurrencyKey: bad}}}); !errors.Is(err, pool.ErrInvalidJob) {
+			t.Errorf("InsertMany, key %q: %v; want ErrInvalidJob", bad[:min(len(bad), 8)], err)
+		}
+	}
+	long := strings.Repeat("é", pool.MaxConcurrencyKeyBytes/2)
+	for _, key := range []string{"", "tenant-1", long} {
+		id, err := pool.Insert(ctx, db, "k", nil, &pool.InsertOpts{ConcurrencyKey: key})
+		if err != nil {
+			t.Fatal(err)
+		}
+		uid, err := pool.Insert(ctx, db, "k", nil, &pool.InsertOpts{ConcurrencyKey: key, UniqueKey: "u" + fmt.Sprint(id)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pool.InsertMany(ctx, db, []pool.InsertManyParams{{Kind: "k", Opts: &pool.InsertOpts{ConcurrencyKey: key}},
+			{Kind: "k", Opts: &pool.InsertOpts{ConcurrencyKey: key, Delay: time.Hour}}}); err != nil {
+			t.Fatal(err)
+		}
+		want := any(key)
+		if key == "" {
+			want = nil
+		}
+		n := count(t, db, `SELECT count(*) FROM leash.jobs WHERE concurrency_key IS NOT DISTINCT FROM $1 AND id >= $2`, want, id)
+		if n != 4 || uid <= id {
+			t.Fatalf("key %q: %d jobs stored with it; want 4", key[:min(len(key), 8)], n)
 		}
 	}
 }

@@ -29,6 +29,9 @@ func TestQueueCommands(t *testing.T) {
 		{[]string{"queue", "resume", "mail"}, "queue mail resumed\n"},
 		{[]string{"queue", "resume", "mail"}, "queue mail was not paused\n"},
 		{[]string{"queue", "cap", "mail", "none"}, "queue mail uncapped\n"},
+		{[]string{"queue", "limit", "mail", "-per-key", "2"}, "queue mail: at most 2 jobs of one key at once\n"},
+		{[]string{"queue", "list"}, "PER KEY"},
+		{[]string{"queue", "limit", "mail", "-per-key", "none"}, "queue mail has no per-key limit\n"},
 	}
 	for _, s := range steps {
 		out, err := runCmd(t, env, s.args...)
@@ -42,6 +45,7 @@ func TestQueueCommands(t *testing.T) {
 	}
 	for _, bad := range [][]string{{"queue"}, {"queue", "frob"}, {"queue", "pause"}, {"queue", "pause", "a", "b"},
 		{"queue", "cap", "mail", "-1"}, {"queue", "cap", "mail", "lots"}, {"queue", "pause", ""},
+		{"queue", "limit", "mail", "-per-key", "-1"}, {"queue", "limit", "mail", "-per-key"}, {"queue", "limit", "mail", "-cap", "2"},
 		{"queue", "pause", "bad\xff"}, {"queue", "pause", strings.Repeat("q", 200)}} {
 		if _, err := runCmd(t, env, bad...); err == nil {
 			t.Errorf("%q accepted", bad)
