@@ -432,9 +432,7 @@ func (p *Pool) claim(ctx context.Context, limit int) (n int, busy bool, err erro
 			p.log.DebugContext(ctx, "claiming jobs of a queue with a per-key limit failed", slog.String("queue", q), slog.Any("err", err))
 			continue
 		}
-		if probe {
-			p.unkeyed.record(q, jobs)
-		}
+		p.unkeyed.record(q, jobs, probe)
 		p.startAll(jobs, sentAt)
 		claimed += len(jobs)
 	}

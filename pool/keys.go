@@ -7,11 +7,13 @@ import (
 	"github.com/leashq/leash/internal/store"
 )
 
-// unkeyedProbes decides when the claim of a queue with a per-key limit also looks for the queue's
-// jobs without a key. That look walks the queue's claim index past its jobs with a key, which
-// leash.concurrency_keys spares the rest of the claim: so it is made at every claim only while it
-// keeps finding such jobs, and otherwise once per poll interval (a job without a key inserted into
-// a queue whose backlog is all keyed waits at most that long, plus the claim's own time).
+// unkeyedProbes decides when the claim of a queue with a per-key limit looks for the queue's jobs
+// without a key even if none was inserted or queued again since the last look (the claim looks
+// then by itself, see store.ClaimKeyed). That look walks the queue's claim index past its jobs
+// with a key, which leash.concurrency_keys spares the rest of the claim: so it is made at every
+// claim while it keeps finding such jobs, and otherwise every unkeyedEvery poll intervals, for a
+// job scheduled for later, which becomes runnable without any write (it starts that much late at
+// most).
 type unkeyedProbes struct {
 	mu   sync.Mutex
 	last map[string]unkeyedProbe
@@ -27,14 +29,22 @@ func (u *unkeyedProbes) due(queue string, every time.Duration) bool {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	pr, ok := u.last[queue]
-	return !ok || pr.found || time.Since(pr.at) >= every
+	return !ok || pr.found || time.Since(pr.at) >= unkeyedEvery*every
 }
 
-// record notes what a claim that looked for jobs without a key found.
-func (u *unkeyedProbes) record(queue string, jobs []store.ClaimedJob) {
+// unkeyedEvery is how many poll intervals apart the claims of a queue with a per-key limit look
+// for jobs without a key when they have no other reason to.
+const unkeyedEvery = 10
+
+// record notes what a claim found: probed, it was asked to look for jobs without a key; it also
+// looked by itself when it returns some.
+func (u *unkeyedProbes) record(queue string, jobs []store.ClaimedJob, probed bool) {
 	found := false
 	for i := range jobs {
 		found = found || jobs[i].ConcurrencyKey == ""
+	}
+	if !probed && !found {
+		return
 	}
 	u.mu.Lock()
 	defer u.mu.Unlock()

@@ -477,3 +477,50 @@ func TestConcurrencyKeyChecked(t *testing.T) {
 		}
 	}
 }
+
+// A job without a key in a queue with a per-key limit whose backlog is all keyed starts at once:
+// its insert tells the next claim to look for such jobs, which claims otherwise do only every ten
+// poll intervals (here twenty seconds).
+func TestUnkeyedJobStartsBesideKeyedBacklog(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	ctx := context.Background()
+	if err := pool.SetQueueMaxRunningPerKey(ctx, db, "uq", 1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(ctx, `INSERT INTO leash.jobs (queue, kind, concurrency_key)
+		SELECT 'uq', 'block', 'busy' FROM generate_series(1, 50)`); err != nil {
+		t.Fatal(err)
+	}
+	blocking := make(chan struct{})
+	cfg := fastConfig()
+	cfg.Queues = []string{"uq"}
+	cfg.PollInterval = 2 * time.Second
+	cfg.ShutdownTimeout = 50 * time.Millisecond
+	p, _ := setup(t, db, cfg, map[string]pool.Handler{
+		"block": pool.HandlerFunc(func(ctx context.Context, j *pool.Job) error {
+			select {
+			case blocking <- struct{}{}:
+			default:
+			}
+			<-ctx.Done()
+			return context.Cause(ctx)
+		}),
+		"free": pool.HandlerFunc(func(ctx context.Context, j *pool.Job) error { return nil }),
+	})
+	start(t, p)
+	select {
+	case <-blocking:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first keyed job never started")
+	}
+	// Past the first claims, which look for jobs without a key by themselves.
+	time.Sleep(300 * time.Millisecond)
+	id, err := pool.Insert(ctx, db, "free", nil, &pool.InsertOpts{Queue: "uq"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, func() bool {
+		return count(t, db, `SELECT count(*) FROM leash.jobs WHERE id = $1 AND state = 'completed'`, id) == 1
+	})
+}

@@ -90,7 +90,7 @@ const maxWakesPerClaim = 1000
 // statement's snapshot does not see stays for the next claim, and every change an entry it
 // deletes stands for is in that snapshot.
 var keyWakesSQL = fmt.Sprintf(keyRefreshSQL, `targets AS (
-		SELECT DISTINCT w.key FROM (SELECT k.key FROM leash.key_wakes k WHERE k.queue = $1 LIMIT $3) w
+		SELECT DISTINCT w.key FROM (SELECT k.key FROM leash.key_wakes k WHERE k.queue = $1 AND k.key <> '' LIMIT $3) w
 		WHERE EXISTS (SELECT FROM lim)
 	), woken AS (
 		DELETE FROM leash.key_wakes w USING targets t WHERE w.queue = $1 AND w.key = t.key
@@ -114,8 +114,9 @@ var keyWalkedSQL = fmt.Sprintf(keyRefreshSQL, fmt.Sprintf(`%s, targets AS (SELEC
 
 // claimKeyedSQL claims from a queue with a per-key limit, after lockQueueRowSQL (mark $5) in the
 // same READ COMMITTED transaction: for each key of the walk, the jobs that hold it and are due,
-// then, while fewer than the limit hold it, its first jobs not yet started; with $6, the queue's
-// jobs without a key as well; all in claim order, at most $2, and no more than the queue's own
+// then, while fewer than the limit hold it, its first jobs not yet started; with $6, or when such
+// jobs were inserted or queued again since the last claim (an entry of key ''), the queue's jobs
+// without a key as well; all in claim order, at most $2, and no more than the queue's own
 // cap leaves room for. The holders are counted in this statement's snapshot, taken after the
 // queue's row was granted: it sees every claim of the queue committed before, and no other is in
 // flight.
@@ -129,7 +130,12 @@ var claimKeyedSQL = fmt.Sprintf(`
 		       q.max_running_per_key AS per_key
 		FROM leash.queues q
 		WHERE q.name = $1 AND pg_catalog.current_setting('leash.capped_claim', true) = $5::text
-	), `+fmt.Sprintf(keyWalkSQL, `EXISTS (SELECT FROM room WHERE room.per_key IS NOT NULL)`, `$2::int`)+`, cand AS (
+	), `+fmt.Sprintf(keyWalkSQL, `EXISTS (SELECT FROM room WHERE room.per_key IS NOT NULL)`, `$2::int`)+`, unkeyed_woken AS (
+		-- Jobs without a key were inserted or queued again since the last claim that looked.
+		DELETE FROM leash.key_wakes w
+		WHERE w.queue = $1 AND w.key = '' AND EXISTS (SELECT FROM room WHERE room.per_key IS NOT NULL)
+		RETURNING 1
+	), cand AS (
 		SELECT s.id, s.ctid, s.priority, s.run_at
 		FROM keys k CROSS JOIN room
 		CROSS JOIN LATERAL (
@@ -151,7 +157,7 @@ var claimKeyedSQL = fmt.Sprintf(`
 			 LIMIT greatest(room.per_key - hc.holders, 0))) s
 		UNION ALL
 		(SELECT u.id, u.ctid, u.priority, u.run_at FROM leash.jobs u
-		 WHERE $6::boolean AND u.queue = $1 AND u.state IN ('available', 'retryable') AND u.concurrency_key IS NULL
+		 WHERE ($6::boolean OR EXISTS (SELECT FROM unkeyed_woken)) AND u.queue = $1 AND u.state IN ('available', 'retryable') AND u.concurrency_key IS NULL
 		   AND u.run_at <= now() AND u.revoked_at IS NULL AND EXISTS (SELECT FROM room WHERE room.n > 0)
 		 ORDER BY u.priority, u.run_at, u.id
 		 LIMIT $2)
@@ -168,8 +174,9 @@ var claimKeyedSQL = fmt.Sprintf(`
 	)`+claimTail, claimTraceContextBytes)
 
 // KeyedParams are ClaimParams for ClaimKeyed, and whether to look for the queue's jobs without a
-// key too (their walk skips the queue's keyed jobs, so the caller does it only when it has reason
-// to expect some: see pool's claim).
+// key too whether or not some were inserted or queued again since the last claim that looked
+// (their walk passes over the queue's keyed jobs, so it is made only when there is reason to
+// expect some: see pool's claim).
 type KeyedParams struct {
 	ClaimParams
 	Unkeyed bool
