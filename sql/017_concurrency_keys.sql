@@ -154,6 +154,47 @@ CREATE TRIGGER jobs_key_deleted AFTER DELETE ON leash.jobs
     FOR EACH ROW WHEN (OLD.concurrency_key IS NOT NULL AND OLD.state IN ('available', 'retryable', 'running'))
     EXECUTE FUNCTION leash.wake_concurrency_keys();
 
+-- Jobs without a key in a queue with a per-key limit are claimed by a walk of the queue's claim
+-- index that passes over its jobs with a key, which the claim makes only when it has reason to
+-- expect some: an entry of key '' (no job has that key) in leash.key_wakes, appended once per
+-- transaction and queue when such a job is inserted or queued again (a retry, a hand-back, a
+-- rescue). The triggers' WHEN reads leash.keyed_queues, the number of queues with a per-key
+-- limit (no query): while there is none, which is always so on a fleet without them, the function
+-- is not called. Every role that writes leash.jobs reads the sequence, as leash.room_waiting_until.
+CREATE SEQUENCE IF NOT EXISTS leash.keyed_queues AS bigint MINVALUE 0 START 0;
+GRANT SELECT ON SEQUENCE leash.keyed_queues TO PUBLIC;
+
+CREATE OR REPLACE FUNCTION leash.wake_unkeyed() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    -- Once per transaction and queue (in a run of rows of one queue, as a COPY's): the entry
+    -- commits with the whole transaction. A session that sets this itself only delays its own
+    -- jobs, to the claims' periodic look.
+    IF current_setting('leash.unkeyed_woken', true) IS DISTINCT FROM NEW.queue THEN
+        INSERT INTO leash.key_wakes (queue, key)
+        SELECT NEW.queue, ''
+        WHERE EXISTS (SELECT FROM leash.queues q WHERE q.name = NEW.queue AND q.max_running_per_key IS NOT NULL);
+        PERFORM set_config('leash.unkeyed_woken', NEW.queue, true);
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+REVOKE ALL ON FUNCTION leash.wake_unkeyed() FROM PUBLIC;
+
+DROP TRIGGER IF EXISTS jobs_unkeyed_inserted ON leash.jobs;
+CREATE TRIGGER jobs_unkeyed_inserted AFTER INSERT ON leash.jobs
+    FOR EACH ROW WHEN (NEW.concurrency_key IS NULL
+        AND pg_catalog.pg_sequence_last_value('leash.keyed_queues'::regclass) OPERATOR(pg_catalog.>) 0)
+    EXECUTE FUNCTION leash.wake_unkeyed();
+
+DROP TRIGGER IF EXISTS jobs_unkeyed_requeued ON leash.jobs;
+CREATE TRIGGER jobs_unkeyed_requeued AFTER UPDATE ON leash.jobs
+    FOR EACH ROW WHEN (NEW.concurrency_key IS NULL AND NEW.state IN ('available', 'retryable')
+        AND OLD.state IS DISTINCT FROM NEW.state
+        AND pg_catalog.pg_sequence_last_value('leash.keyed_queues'::regclass) OPERATOR(pg_catalog.>) 0)
+    EXECUTE FUNCTION leash.wake_unkeyed();
+
 -- A per-key limit set or changed wakes every key of the queue that has unfinished jobs (their
 -- rows are built by the next claim); a limit removed drops the queue's rows and wakes, which
 -- nothing reads then (the queue is claimed as any other).
@@ -163,6 +204,7 @@ BEGIN
     IF TG_OP = 'UPDATE' AND OLD.max_running_per_key IS NOT DISTINCT FROM NEW.max_running_per_key THEN
         RETURN NULL;
     END IF;
+    PERFORM setval('leash.keyed_queues', (SELECT count(*) FROM leash.queues q WHERE q.max_running_per_key IS NOT NULL), true);
     IF NEW.max_running_per_key IS NULL THEN
         DELETE FROM leash.concurrency_keys c WHERE c.queue = NEW.name;
         DELETE FROM leash.key_wakes w WHERE w.queue = NEW.name;
@@ -170,7 +212,9 @@ BEGIN
     END IF;
     INSERT INTO leash.key_wakes (queue, key)
     SELECT DISTINCT NEW.name, j.concurrency_key FROM leash.jobs j
-    WHERE j.queue = NEW.name AND j.concurrency_key IS NOT NULL AND j.state IN ('available', 'retryable', 'running');
+    WHERE j.queue = NEW.name AND j.concurrency_key IS NOT NULL AND j.state IN ('available', 'retryable', 'running')
+    UNION ALL
+    SELECT NEW.name, '';
     RETURN NULL;
 END;
 $$;

@@ -224,3 +224,27 @@ func TestConcurrencyKeyBounds(t *testing.T) {
 		t.Fatalf("claim with a limit of 1 took %+v; want the job with the 1024-byte key", got)
 	}
 }
+
+// A job without a key inserted into a queue with a per-key limit is claimed by the next claim,
+// which looks for such jobs because of the insert (an entry of key ''), and by no claim after it
+// that has no reason to look; queued again (a retry), it is claimed again.
+func TestClaimKeyedFindsJobsWithoutKey(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	execAll(t, db, `SELECT leash.set_queue_max_running_per_key('kq', 1)`)
+	claimKeyed(t, db, "kq", 10, false) // consumes the wakes of setting the limit
+	execAll(t, db, `INSERT INTO leash.jobs (queue, kind) VALUES ('kq', 'w'), ('kq', 'w')`)
+	if got := claimedIDs(claimKeyed(t, db, "kq", 1, false)); !slices.Equal(got, []int64{1}) {
+		t.Fatalf("claim after the insert took %v; want job 1", got)
+	}
+	if got := claimKeyed(t, db, "kq", 1, false); len(got) != 0 {
+		t.Fatalf("claim with no reason to look took %v; want nothing", claimedIDs(got))
+	}
+	if got := claimedIDs(claimKeyed(t, db, "kq", 1, true)); !slices.Equal(got, []int64{2}) {
+		t.Fatalf("claim told to look took %v; want job 2", got)
+	}
+	execAll(t, db, `UPDATE leash.jobs SET state = 'retryable', lease_token = NULL, lease_expires_at = NULL WHERE id = 1`)
+	if got := claimedIDs(claimKeyed(t, db, "kq", 1, false)); !slices.Equal(got, []int64{1}) {
+		t.Fatalf("claim after the retry took %v; want job 1", got)
+	}
+}
