@@ -226,7 +226,7 @@ func TestConcurrencyKeyBounds(t *testing.T) {
 }
 
 // A job without a key inserted into a queue with a per-key limit is claimed by the next claim,
-// which looks for such jobs because of the insert (an entry of key ''), and by no claim after it
+// which looks for such jobs because of the insert (an entry of key ”), and by no claim after it
 // that has no reason to look; queued again (a retry), it is claimed again.
 func TestClaimKeyedFindsJobsWithoutKey(t *testing.T) {
 	t.Parallel()
