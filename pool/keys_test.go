@@ -524,3 +524,34 @@ func TestUnkeyedJobStartsBesideKeyedBacklog(t *testing.T) {
 		return count(t, db, `SELECT count(*) FROM leash.jobs WHERE id = $1 AND state = 'completed'`, id) == 1
 	})
 }
+
+// Roles holding exactly docs/sql.md's grants work per-key limits: an operator sets the limit, an
+// inserter inserts jobs with and without a key (the triggers need no right of theirs), and a
+// worker claims them.
+func TestPerKeyLimitWithDocsGrants(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	ctx := context.Background()
+	operator := poolAsRole(t, db, readmeGrants(t, "leash_operator", "%s")...)
+	if _, err := operator.Exec(ctx, `SELECT leash.set_queue_max_running_per_key('gq', 1)`); err != nil {
+		t.Fatal(err)
+	}
+	inserter := poolAsRole(t, db, readmeGrants(t, "leash_inserter", "%s")...)
+	for _, key := range []string{"a", "a", "b", ""} {
+		if _, err := pool.Insert(ctx, inserter, "kw", nil, &pool.InsertOpts{Queue: "gq", ConcurrencyKey: key}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	worker := poolAsRole(t, db, readmeGrants(t, "leash_worker", "%s")...)
+	k := newKeyRuns()
+	cfg := fastConfig()
+	cfg.Queues = []string{"gq"}
+	p, _ := setup(t, worker, cfg, map[string]pool.Handler{"kw": keyHandler(k, time.Millisecond)})
+	start(t, p)
+	waitFor(t, 10*time.Second, func() bool {
+		return count(t, db, `SELECT count(*) FROM leash.jobs WHERE state = 'completed'`) == 4
+	})
+	if m := k.mostRunning(); m > 1 {
+		t.Fatalf("%d jobs of one key ran at once; the limit is 1", m)
+	}
+}
