@@ -35,7 +35,8 @@ func readmeGrants(t *testing.T, role string) []string {
 }
 
 // Nothing in schema leash is readable by every role but the two wake-up hints (timestamps the
-// triggers' WHEN reads as whoever inserts or finishes jobs), and no function running with its
+// triggers' WHEN reads as whoever inserts or finishes jobs) and the count of queues with a per-key
+// limit (read so too), and no function running with its
 // owner's rights is executable by every role. A role with USAGE on the schema alone reads no
 // table: not the schedules' payloads, not the queues, not the waiting workers.
 func TestNothingReadableWithoutAGrant(t *testing.T) {
