@@ -123,8 +123,9 @@ const keyWalkSQL = `keys AS (
 var keyWalkedSQL = fmt.Sprintf(keyRefreshSQL, fmt.Sprintf(`%s, targets AS (SELECT key FROM keys)`,
 	fmt.Sprintf(keyWalkSQL, `EXISTS (SELECT FROM lim)`, `$3::int`)))
 
-// claimKeyedSQL claims from a queue with a per-key limit, after lockQueueRowSQL (mark $5) in the
-// same READ COMMITTED transaction: for each key of the walk, the jobs that hold it and are due,
+// claimKeyedSQL claims from a queue with a per-key limit, after lockKeyedQueueRowSQL (mark $5) in
+// the same READ COMMITTED transaction: for each key of the walk, the jobs that hold it and are due
+// (all of them: they hold the key already, and are few),
 // then, while fewer than the limit hold it, its first jobs not yet started; with $6, or when such
 // jobs were inserted or queued again since the last claim (an entry of key ”), the queue's jobs
 // without a key as well; all in claim order, at most $2, and no more than the queue's own
@@ -156,9 +157,7 @@ var claimKeyedSQL = fmt.Sprintf(`
 			(SELECT a.id, a.ctid, a.priority, a.run_at FROM leash.jobs a
 			 WHERE a.queue = $1 AND a.concurrency_key = k.key AND `+fmt.Sprintf(keyHoldersSQL, "a")+`
 			   AND a.state IN ('available', 'retryable') AND a.attempted_at IS NOT NULL
-			   AND a.run_at <= now() AND a.revoked_at IS NULL
-			 ORDER BY a.priority, a.run_at, a.id
-			 LIMIT room.per_key)
+			   AND a.run_at <= now() AND a.revoked_at IS NULL)
 			UNION ALL
 			(SELECT f.id, f.ctid, f.priority, f.run_at FROM leash.jobs f
 			 WHERE f.queue = $1 AND f.concurrency_key = k.key AND f.concurrency_key IS NOT NULL
@@ -180,7 +179,7 @@ var claimKeyedSQL = fmt.Sprintf(`
 		-- statement's snapshot has another ctid and is passed over too.
 		SELECT j.id, j.ctid FROM leash.jobs j
 		WHERE j.ctid = ANY (ARRAY(SELECT ctid FROM chosen))
-		  AND j.queue = $1 AND j.state IN ('available', 'retryable') AND j.run_at <= now() AND j.revoked_at IS NULL
+		  AND j.state IN ('available', 'retryable') AND j.run_at <= now() AND j.revoked_at IS NULL
 		FOR UPDATE OF j SKIP LOCKED
 	)`+claimTail, claimTraceContextBytes)
 

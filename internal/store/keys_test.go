@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/leashq/leash/internal/pgtest"
@@ -246,5 +247,56 @@ func TestClaimKeyedFindsJobsWithoutKey(t *testing.T) {
 	execAll(t, db, `UPDATE leash.jobs SET state = 'retryable', lease_token = NULL, lease_expires_at = NULL WHERE id = 1`)
 	if got := claimedIDs(claimKeyed(t, db, "kq", 1, false)); !slices.Equal(got, []int64{1}) {
 		t.Fatalf("claim after the retry took %v; want job 1", got)
+	}
+}
+
+// The statements of a keyed claim run on generic plans (lockKeyedQueueRowSQL), which must reach
+// every job through the indexes of its key or, once chosen, by its ctid: a plan that scans the
+// queue's claim index for a key's jobs walks the queue's whole backlog at every claim. Only the
+// look for jobs without a key (alias u) walks the claim index.
+func TestClaimKeyedGenericPlans(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	ctx := context.Background()
+	execAll(t, db,
+		`SELECT leash.set_queue_max_running_per_key('kq', 2)`,
+		`INSERT INTO leash.jobs (queue, kind, concurrency_key) SELECT 'kq', 'w', 'k' || (i % 500) FROM generate_series(1, 5000) i`,
+		`INSERT INTO leash.jobs (queue, kind) SELECT 'other', 'w' FROM generate_series(1, 5000) i`,
+		`ANALYZE leash.jobs`)
+	claimKeyed(t, db, "kq", 300, false)
+	execAll(t, db, `ANALYZE leash.jobs`, `ANALYZE leash.concurrency_keys`)
+	for name, q := range map[string]struct {
+		sql  string
+		args []any
+	}{
+		"claim":  {store.ClaimKeyedSQL, []any{"kq", 10, "w", 60000, "m", true}},
+		"walked": {store.KeyWalkedSQL, []any{"kq", "m", 10}},
+		"wakes":  {store.KeyWakesSQL, []any{"kq", "m", 1000}},
+	} {
+		tx, err := db.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, store.LockKeyedQueueRowSQL, "kq", "m"); err != nil {
+			t.Fatal(err)
+		}
+		var plan []string
+		for range 2 { // the plan cache makes the generic plan at the first execution
+			rows, err := tx.Query(ctx, "EXPLAIN (COSTS OFF) "+q.sql, q.args...)
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			plan, err = pgx.CollectRows(rows, pgx.RowTo[string])
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		tx.Rollback(ctx)
+		for _, l := range plan {
+			if strings.Contains(l, "Seq Scan on jobs") ||
+				(strings.Contains(l, "jobs_claimable_idx") && !strings.HasSuffix(strings.TrimSpace(l), "on jobs u")) {
+				t.Errorf("%s: the generic plan walks the queue's jobs: %s\n%s", name, strings.TrimSpace(l), strings.Join(plan, "\n"))
+			}
+		}
 	}
 }
