@@ -176,10 +176,10 @@ var claimKeyedSQL = fmt.Sprintf(`
 	), picked AS (
 		-- Locked once chosen, so that a job locked by another transaction is passed over, never
 		-- the one after it taken in its place (a key's order holds); a row changed since this
-		-- statement's snapshot has another ctid and is passed over too.
+		-- statement's snapshot has another ctid and is passed over too. By its ctid alone: any
+		-- other condition lets a plan made without statistics scan the claim index for it.
 		SELECT j.id, j.ctid FROM leash.jobs j
 		WHERE j.ctid = ANY (ARRAY(SELECT ctid FROM chosen))
-		  AND j.state IN ('available', 'retryable') AND j.run_at <= now() AND j.revoked_at IS NULL
 		FOR UPDATE OF j SKIP LOCKED
 	)`+claimTail, claimTraceContextBytes)
 

@@ -261,10 +261,10 @@ func TestClaimKeyedGenericPlans(t *testing.T) {
 	execAll(t, db,
 		`SELECT leash.set_queue_max_running_per_key('kq', 2)`,
 		`INSERT INTO leash.jobs (queue, kind, concurrency_key) SELECT 'kq', 'w', 'k' || (i % 500) FROM generate_series(1, 5000) i`,
-		`INSERT INTO leash.jobs (queue, kind) SELECT 'other', 'w' FROM generate_series(1, 5000) i`,
-		`ANALYZE leash.jobs`)
+		`INSERT INTO leash.jobs (queue, kind) SELECT 'other', 'w' FROM generate_series(1, 5000) i`)
+	// No ANALYZE: plans made before the statistics (a fresh install, a table autovacuum has not
+	// reached) must be as good.
 	claimKeyed(t, db, "kq", 300, false)
-	execAll(t, db, `ANALYZE leash.jobs`, `ANALYZE leash.concurrency_keys`)
 	for name, q := range map[string]struct {
 		sql  string
 		args []any
