@@ -259,6 +259,8 @@ func TestClaimKeyedGenericPlans(t *testing.T) {
 	db := pgtest.Pool(t)
 	ctx := context.Background()
 	execAll(t, db,
+		`ALTER TABLE leash.jobs SET (autovacuum_enabled = false)`,
+		`ALTER TABLE leash.concurrency_keys SET (autovacuum_enabled = false)`,
 		`SELECT leash.set_queue_max_running_per_key('kq', 2)`,
 		`INSERT INTO leash.jobs (queue, kind, concurrency_key) SELECT 'kq', 'w', 'k' || (i % 500) FROM generate_series(1, 5000) i`,
 		`INSERT INTO leash.jobs (queue, kind) SELECT 'other', 'w' FROM generate_series(1, 5000) i`)
