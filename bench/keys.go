@@ -63,7 +63,7 @@ func (b *bench) keys(ctx context.Context) {
 		}
 		for keyed {
 			var wakes int
-			if err := db.QueryRow(ctx, `SELECT count(*) FROM leash.key_wakes`).Scan(&wakes); err != nil {
+			if err := db.QueryRow(ctx, `SELECT count(*) FROM leash.key_wakes WHERE key <> ''`).Scan(&wakes); err != nil {
 				fail(err)
 			}
 			if wakes == 0 {

@@ -39,7 +39,7 @@ func TestExplainKeyedClaim(t *testing.T) {
 	// Every key gets its row: the first claims work off the wakes of the inserts.
 	for {
 		var n int
-		if err := db.QueryRow(ctx, `SELECT count(*) FROM leash.key_wakes`).Scan(&n); err != nil {
+		if err := db.QueryRow(ctx, `SELECT count(*) FROM leash.key_wakes WHERE key <> ''`).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		if n == 0 {
@@ -71,6 +71,7 @@ func TestExplainKeyedClaim(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("%d keys, %d with a row in leash.concurrency_keys", keys, rows)
+	const uncapped = "claim of 10 jobs of an uncapped queue"
 	explain := func(name, sql string, args ...any) {
 		best := time.Duration(1 << 62)
 		var plan string
@@ -79,8 +80,10 @@ func TestExplainKeyedClaim(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, err := tx.Exec(ctx, store.LockKeyedQueueRowSQL, "kq", "m"); err != nil {
-				t.Fatal(err)
+			if name != uncapped {
+				if _, err := tx.Exec(ctx, store.LockKeyedQueueRowSQL, "kq", "m"); err != nil {
+					t.Fatal(err)
+				}
 			}
 			rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) "+sql, args...)
 			if err != nil {
@@ -112,5 +115,5 @@ func TestExplainKeyedClaim(t *testing.T) {
 	explain("the same, looking for jobs without a key too", store.ClaimKeyedSQL, "kq", 10, "w", 60000, "m", true)
 	explain("walked keys brought up to date", store.KeyWalkedSQL, "kq", "m", 10)
 	explain("woken keys brought up to date (none woken)", store.KeyWakesSQL, "kq", "m", 1000)
-	explain("claim of 10 jobs of an uncapped queue", store.ClaimOneSQL, "plain", 10, "w", 60000)
+	explain(uncapped, store.ClaimOneSQL, "plain", 10, "w", 60000)
 }
