@@ -81,17 +81,6 @@ var keyRefreshSQL = `
 	)
 	SELECT (SELECT count(*) FROM calc), (SELECT count(*) FROM kept), (SELECT count(*) FROM dropped)`
 
-// lockKeyedQueueRowSQL is lockQueueRowSQL that, with the row taken, also has the claim's
-// statements run on generic plans: planned for the values at hand, each takes about a millisecond
-// to plan (as long as it runs on 100,000 keys), and PostgreSQL goes on planning them anew for
-// every claim, finding the generic plan no cheaper by its estimates. The statements' plans do not
-// depend on their values: every scan is of an index on the queue and key, and what depends on a
-// value is a one-time filter.
-const lockKeyedQueueRowSQL = `
-	SELECT pg_catalog.set_config('leash.capped_claim', $2, true),
-	       pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true)
-	FROM (SELECT FROM leash.queues q WHERE q.name = $1 FOR UPDATE SKIP LOCKED) AS locked`
-
 // maxWakesPerClaim bounds the keys one claim brings up to date from leash.key_wakes; the rest
 // wait for the next claim of the queue.
 const maxWakesPerClaim = 1000
@@ -123,7 +112,7 @@ const keyWalkSQL = `keys AS (
 var keyWalkedSQL = fmt.Sprintf(keyRefreshSQL, fmt.Sprintf(`%s, targets AS (SELECT key FROM keys)`,
 	fmt.Sprintf(keyWalkSQL, `EXISTS (SELECT FROM lim)`, `$3::int`)))
 
-// claimKeyedSQL claims from a queue with a per-key limit, after lockKeyedQueueRowSQL (mark $5) in
+// claimKeyedSQL claims from a queue with a per-key limit, after lockQueueRowSQL (mark $5) in
 // the same READ COMMITTED transaction: for each key of the walk, the jobs that hold it and are due
 // (all of them: they hold the key already, and are few),
 // then, while fewer than the limit hold it, its first jobs not yet started; with $6, or when such
@@ -206,7 +195,7 @@ func ClaimKeyed(ctx context.Context, db Batcher, p KeyedParams) ([]ClaimedJob, e
 	b := &pgx.Batch{}
 	b.Queue(`BEGIN ISOLATION LEVEL READ COMMITTED, READ WRITE`)
 	mark := strconv.FormatUint(rand.Uint64(), 36)
-	b.Queue(lockKeyedQueueRowSQL, q, mark)
+	b.Queue(lockQueueRowSQL, q, mark)
 	b.Queue(keyWakesSQL, q, mark, maxWakesPerClaim)
 	b.Queue(claimKeyedSQL, q, p.Limit, p.WorkerID, millis(p.Lease), mark, p.Unkeyed)
 	b.Queue(keyWalkedSQL, q, mark, p.Limit)

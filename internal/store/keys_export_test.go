@@ -2,10 +2,9 @@ package store
 
 // Statements for keys_measure_test.go, which explains them on a table of many keys.
 var (
-	LockQueueRowSQL      = lockQueueRowSQL
-	LockKeyedQueueRowSQL = lockKeyedQueueRowSQL
-	KeyWakesSQL          = keyWakesSQL
-	ClaimKeyedSQL        = claimKeyedSQL
-	KeyWalkedSQL         = keyWalkedSQL
-	ClaimOneSQL          = claimOneQueueSQL
+	LockQueueRowSQL = lockQueueRowSQL
+	KeyWakesSQL     = keyWakesSQL
+	ClaimKeyedSQL   = claimKeyedSQL
+	KeyWalkedSQL    = keyWalkedSQL
+	ClaimOneSQL     = claimOneQueueSQL
 )

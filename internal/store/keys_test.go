@@ -250,10 +250,11 @@ func TestClaimKeyedFindsJobsWithoutKey(t *testing.T) {
 	}
 }
 
-// The statements of a keyed claim run on generic plans (lockKeyedQueueRowSQL), which must reach
-// every job through the indexes of its key or, once chosen, by its ctid: a plan that scans the
-// queue's claim index for a key's jobs walks the queue's whole backlog at every claim. Only the
-// look for jobs without a key (alias u) walks the claim index.
+// The statements of a keyed claim, prepared and run again and again, may run on generic plans
+// (PostgreSQL's choice), which must reach every job through the indexes of its key or, once
+// chosen, by its ctid: a plan that scans the queue's claim index for a key's jobs walks the
+// queue's whole backlog at every claim. Only the look for jobs without a key (alias u) walks the
+// claim index.
 func TestClaimKeyedGenericPlans(t *testing.T) {
 	t.Parallel()
 	db := pgtest.Pool(t)
@@ -279,7 +280,10 @@ func TestClaimKeyedGenericPlans(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := tx.Exec(ctx, store.LockKeyedQueueRowSQL, "kq", "m"); err != nil {
+		if _, err := tx.Exec(ctx, store.LockQueueRowSQL, "kq", "m"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, `SET LOCAL plan_cache_mode = force_generic_plan`); err != nil {
 			t.Fatal(err)
 		}
 		var plan []string
