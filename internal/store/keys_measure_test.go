@@ -85,6 +85,11 @@ func TestExplainKeyedClaim(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
+			if strings.HasPrefix(name, "generic: ") {
+				if _, err := tx.Exec(ctx, `SET LOCAL plan_cache_mode = force_generic_plan`); err != nil {
+					t.Fatal(err)
+				}
+			}
 			rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) "+sql, args...)
 			if err != nil {
 				t.Fatalf("%s: %v", name, err)
@@ -115,5 +120,8 @@ func TestExplainKeyedClaim(t *testing.T) {
 	explain("the same, looking for jobs without a key too", store.ClaimKeyedSQL, "kq", 10, "w", 60000, "m", true)
 	explain("walked keys brought up to date", store.KeyWalkedSQL, "kq", "m", 10)
 	explain("woken keys brought up to date (none woken)", store.KeyWakesSQL, "kq", "m", 1000)
+	explain("generic: claim", store.ClaimKeyedSQL, "kq", 10, "w", 60000, "m", false)
+	explain("generic: walked", store.KeyWalkedSQL, "kq", "m", 10)
+	explain("generic: wakes", store.KeyWakesSQL, "kq", "m", 1000)
 	explain(uncapped, store.ClaimOneSQL, "plain", 10, "w", 60000)
 }
