@@ -28,7 +28,7 @@ import (
 
 var (
 	flagJobs  = flag.Int("jobs", 50000, "jobs in each burn-down")
-	flagOnly  = flag.String("only", "", "comma-separated scenarios to run (burn,burn2000,capped,keys,producers,steady,pickup,revoke,heartbeat,scale,memory,ablation; sustained runs only when named)")
+	flagOnly  = flag.String("only", "", "comma-separated scenarios to run (burn,burn2000,capped,keys,producers,steady,pickup,revoke,heartbeat,scale,memory,ablation,fleet; sustained runs only when named)")
 	flagFsync = flag.Bool("fsync", true, "run the private cluster with durable commits (fsync on), as production databases run; false for the old, faster setting")
 )
 
@@ -136,6 +136,7 @@ func main() {
 	run("scale", b.scaleOut)
 	run("memory", b.memory)
 	run("ablation", b.ablation)
+	run("fleet", b.fleet)
 	b.print()
 }
 

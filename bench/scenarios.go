@@ -417,6 +417,14 @@ func child(args ...string) *exec.Cmd {
 func childMain(args []string) {
 	ctx := context.Background()
 	what, system, url := args[0], args[1], args[2]
+	if what == "fleet" {
+		slots, err := strconv.Atoi(args[3])
+		if err != nil {
+			fail(err)
+		}
+		fleetChild(system, url, slots)
+		return
+	}
 	db := open(ctx, url, 20)
 	slots := 100
 	if what == "memory" {

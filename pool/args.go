@@ -27,8 +27,8 @@ type JobArgs interface {
 // AddWorker registers fn as the handler of A's kind on p. Each job's payload is decoded into an
 // A as Args does (unknown fields ignored; a payload that does not decode fails the job
 // permanently with an error naming the kind and the field). A may be a pointer type (*T): fn
-// then gets a pointer to a fresh T. It fails like Register when the kind is empty or already
-// registered, or once Run has started.
+// then gets a pointer to a fresh T, also for a payload of JSON null. It fails like Register when
+// the kind is empty or already registered, or once Run has started.
 func AddWorker[A JobArgs](p *Pool, fn func(ctx context.Context, job *Job, args A) error) error {
 	if fn == nil {
 		return fmt.Errorf("pool: AddWorker[%T] needs a function", *new(A))

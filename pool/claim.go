@@ -71,7 +71,10 @@ func (p *Pool) claimLoop(ctx context.Context) {
 					p.log.WarnContext(ctx, "claiming jobs failed", slog.Any("err", r.err))
 				}
 				if s.returned(r) {
+					p.gate.found()
 					w.unregister()
+				} else if r.err == nil && !r.busy {
+					w.rearm(ctx)
 				}
 			case <-p.wake:
 				s.notified()
@@ -340,7 +343,10 @@ func (w *waiting) register(ctx context.Context) bool {
 	// Only on the queues not paused: an insert into a paused queue wakes nobody. Expires three
 	// polls from now: refreshed at every poll while waiting, gone soon after the worker is.
 	queues, key := p.queues.waitable(p.cfg.Queues)
-	err := store.RegisterWaiter(sctx, p.control(), p.waiterID, queues, 3*p.cfg.PollInterval+time.Second)
+	// Pickable by inserts (see wake.go) only while the listener can hear the wake.
+	armed := p.listener.Connected()
+	wake := store.Wake{Channel: p.wakeChannel, Slots: p.cfg.Concurrency - int(p.active.Load()), Armed: armed}
+	err := store.RegisterWaker(sctx, p.control(), p.waiterID, queues, 3*p.cfg.PollInterval+time.Second, wake)
 	if err != nil {
 		if ctx.Err() == nil {
 			p.log.WarnContext(ctx, "registering as waiting for work failed; polling instead", slog.Any("err", err))
@@ -351,8 +357,26 @@ func (w *waiting) register(ctx context.Context) bool {
 	if !w.registered {
 		w.rechecks = 0
 	}
+	// Not armed: the first claim that finds nothing once the listener is connected (it wakes the
+	// claim loop when it connects) arms it.
+	p.picked.Store(!armed)
 	w.registered, w.key = true, key
 	return true
+}
+
+// rearm makes the registration pickable again after an insert picked it and the claim that
+// followed found nothing (another worker took the job, or the wake was stale or forged). A
+// failure leaves it to the next refresh at the poll; meanwhile inserts pick other waiters.
+func (w *waiting) rearm(ctx context.Context) {
+	p := w.p
+	if !w.registered || !p.listener.Connected() || !p.picked.Swap(false) {
+		return
+	}
+	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := store.RearmWaiter(sctx, p.control(), p.waiterID, p.cfg.Concurrency-int(p.active.Load())); err != nil && ctx.Err() == nil {
+		p.log.DebugContext(ctx, "waiting for work again failed; the next poll refreshes the registration", slog.Any("err", err))
+	}
 }
 
 // unregister removes the registration, if any: a busy worker needs no wake-up.
@@ -388,6 +412,7 @@ func (p *Pool) jitteredPoll() time.Duration { return jitteredPoll(p.cfg.PollInte
 // ctx: jobs they claim are always started (and handed back on shutdown), never stranded. busy
 // reports that a capped queue was passed over because another claim held its row.
 func (p *Pool) claim(ctx context.Context, limit int) (n int, busy bool, err error) {
+	p.metrics.Claims.Add(1)
 	p.refreshQueues(ctx)
 	plan := p.queues.plan(p.cfg.Queues)
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)

@@ -1,9 +1,12 @@
 package pool_test
 
+// snippet:start embed-imports
+
 import (
 	"context"
 	"fmt"
 	"log"
+	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
@@ -13,6 +16,8 @@ import (
 
 	"github.com/leashq/leash/pool"
 )
+
+// snippet:end embed-imports
 
 // snippet:start embed-args
 
@@ -58,7 +63,7 @@ func runWorker(ctx context.Context, db *pgxpool.Pool, observer pool.Observer) er
 	if _, err := pool.Migrate(ctx, db); err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}
-	p, err := pool.New(db, pool.Config{Concurrency: 50, Observer: observer})
+	p, err := pool.New(db, pool.Config{Concurrency: 50, Logger: slog.Default(), Observer: observer})
 	if err != nil {
 		return fmt.Errorf("new pool: %w", err)
 	}
@@ -84,6 +89,10 @@ func Example() {
 	// ShutdownTimeout to finish, hands the rest back, and only then does Run return.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	go func() {
+		<-ctx.Done()
+		stop() // from now on a second Ctrl-C ends the process at once (leases then expire)
+	}()
 	db, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
 	if err != nil {
 		log.Fatal(err)
@@ -101,6 +110,8 @@ func Example() {
 func Example_embed() {
 	db, done := exampleDB()
 	defer done()
+	defer slog.SetDefault(slog.Default())
+	slog.SetDefault(slog.New(slog.DiscardHandler)) // the worker's logs stay out of the test output
 	ctx := context.Background()
 	if _, err := db.Exec(ctx, `CREATE TABLE sent_emails (job_id bigint PRIMARY KEY, recipient text NOT NULL)`); err != nil {
 		panic(err)

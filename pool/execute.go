@@ -123,7 +123,7 @@ func (p *Pool) drain(grace context.Context) (cancelled, abandoned int) {
 	}
 	p.runningMu.Unlock()
 	if len(jobs) > 0 {
-		p.log.Warn("shutdown grace period over; cancelling running jobs", slog.Int("jobs", len(jobs)))
+		p.log.Warn("shutdown: the grace period is over or was cut short; cancelling the running jobs", slog.Int("jobs", len(jobs)))
 	}
 	for _, j := range jobs {
 		if !j.lease.Finishing() && j.lease.End(lease.ErrShutdown) {

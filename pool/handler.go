@@ -1,11 +1,11 @@
 package pool
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"time"
 )
 
@@ -29,15 +29,18 @@ func (f HandlerFunc) Handle(ctx context.Context, job *Job) error { return f(ctx,
 // fails the job permanently with an error naming the kind and the field (retry_job puts it back
 // once a fixed worker runs).
 func Args[T any](fn func(ctx context.Context, job *Job, args T) error) Handler {
+	t := reflect.TypeFor[T]()
 	return HandlerFunc(func(ctx context.Context, job *Job) error {
 		var args T
-		dec := json.NewDecoder(bytes.NewReader(job.Payload))
-		err := dec.Decode(&args)
-		if err == nil && dec.More() {
-			err = errors.New("more than one JSON value")
-		}
-		if err != nil {
+		// Unmarshal, unlike a Decoder, fails whatever follows the first value (a Decoder's More
+		// passes a stray '}' or ']').
+		if err := json.Unmarshal(job.Payload, &args); err != nil {
 			return Permanent(fmt.Errorf("decode %s payload: %w", job.claim.Kind, describeDecodeError(err)))
+		}
+		if t.Kind() == reflect.Pointer && reflect.ValueOf(&args).Elem().IsNil() {
+			// A payload of JSON null (a nil *T inserted, or SQL) sets the pointer to nil; fn is
+			// promised a fresh T.
+			args = reflect.New(t.Elem()).Interface().(T)
 		}
 		return fn(ctx, job, args)
 	})
@@ -110,8 +113,10 @@ func (e *PanicError) Error() string { return "handler panic: " + describe(e.Valu
 // in the order the events happened, after the outcome they report is written; a slow Observer
 // delays only the events behind it (up to 65,536 are queued, then new ones are dropped and
 // counted in Stats.EventsDropped), never claims, handlers or outcomes. Run delivers the last
-// events before it returns, waiting at most Config.ShutdownTimeout for the Observer. A panic in
-// the Observer is logged and the event skipped.
+// events before it returns, waiting at most Config.ShutdownTimeout for the Observer, and after
+// Shutdown's context is done at most Config.ShutdownStallWait more; the events it then gives up
+// on are dropped and counted, never delivered after Run returned. A panic in the Observer is
+// logged and the event skipped.
 type Observer interface {
 	JobFinished(ev JobEvent)
 }

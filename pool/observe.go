@@ -25,13 +25,14 @@ type eventQueue struct {
 	startObs StartObserver
 	log      *slog.Logger
 
-	mu       sync.Mutex
-	queue    []observerEvent
-	closed   bool
-	wake     chan struct{}
-	done     chan struct{}
-	dropped  atomic.Int64
-	warnedAt atomic.Int64 // unix nanos of the last warning about drops
+	mu        sync.Mutex
+	queue     []observerEvent
+	closed    bool
+	abandoned bool // close gave up waiting: nothing more is delivered
+	wake      chan struct{}
+	done      chan struct{}
+	dropped   atomic.Int64
+	warnedAt  atomic.Int64 // unix nanos of the last warning about drops
 }
 
 func newEventQueue(obs Observer, log *slog.Logger) *eventQueue {
@@ -82,24 +83,31 @@ func (e *eventQueue) drop() {
 	}
 }
 
-// run delivers events until close is called and every queued event is delivered.
+// run delivers events, one at a time and in order, until close is called and every queued
+// event is delivered, or close gives up on the Observer.
 func (e *eventQueue) run() {
 	defer close(e.done)
 	for {
 		e.mu.Lock()
-		batch, closed := e.queue, e.closed
-		e.queue = nil
-		e.mu.Unlock()
-		for _, oe := range batch {
-			e.deliver(oe)
-		}
-		if len(batch) > 0 {
-			continue
-		}
-		if closed {
+		if e.abandoned {
+			e.mu.Unlock()
 			return
 		}
-		<-e.wake
+		if len(e.queue) == 0 {
+			closed := e.closed
+			e.queue = nil
+			e.mu.Unlock()
+			if closed {
+				return
+			}
+			<-e.wake
+			continue
+		}
+		oe := e.queue[0]
+		e.queue[0] = observerEvent{}
+		e.queue = e.queue[1:]
+		e.mu.Unlock()
+		e.deliver(oe)
 	}
 }
 
@@ -117,9 +125,11 @@ func (e *eventQueue) deliver(oe observerEvent) {
 	}
 }
 
-// close stops taking events and waits up to wait for the queued ones to be delivered; it
-// reports whether they were.
-func (e *eventQueue) close(wait time.Duration) bool {
+// close stops taking events and waits for the queued ones to be delivered: at most wait, and
+// at most after more once stop is closed (nil: never). When it gives up, the events still queued
+// are dropped (counted in dropped, never delivered later): it reports whether every event was
+// delivered, and how many were dropped.
+func (e *eventQueue) close(wait time.Duration, stop <-chan struct{}, after time.Duration) (delivered bool, dropped int) {
 	e.mu.Lock()
 	e.closed = true
 	e.mu.Unlock()
@@ -131,8 +141,29 @@ func (e *eventQueue) close(wait time.Duration) bool {
 	defer t.Stop()
 	select {
 	case <-e.done:
-		return true
+		return true, 0
 	case <-t.C:
-		return false
+		return false, e.abandon()
+	case <-stop:
 	}
+	t2 := time.NewTimer(after)
+	defer t2.Stop()
+	select {
+	case <-e.done:
+		return true, 0
+	case <-t.C:
+	case <-t2.C:
+	}
+	return false, e.abandon()
+}
+
+// abandon drops the queued events and stops delivery after the call in progress, if any.
+func (e *eventQueue) abandon() int {
+	e.mu.Lock()
+	e.abandoned = true
+	n := len(e.queue)
+	e.queue = nil
+	e.mu.Unlock()
+	e.dropped.Add(int64(n))
+	return n
 }

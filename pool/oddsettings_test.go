@@ -3,12 +3,14 @@ package pool_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"log/slog"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/leashq/leash/internal/pgtest"
 	"github.com/leashq/leash/internal/syncbuf"
@@ -55,12 +57,21 @@ func TestWorkerUnderOddSessionSettings(t *testing.T) {
 						return err
 					}
 					j.SetOutput(map[string]any{"f": 0.1, "b": []byte{0, 1, 2}})
-					return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-						if err := j.Fence(ctx, tx); err != nil {
-							return err
+					// Under SERIALIZABLE a renewal committed after the transaction's snapshot
+					// fails it with 40001, as Fence documents; the handler retries as advised.
+					for attempt := 1; ; attempt++ {
+						err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+							if err := j.Fence(ctx, tx); err != nil {
+								return err
+							}
+							return j.CompleteTx(ctx, tx)
+						})
+						var pgErr *pgconn.PgError
+						if attempt < 5 && errors.As(err, &pgErr) && pgErr.Code == "40001" {
+							continue
 						}
-						return j.CompleteTx(ctx, tx)
-					})
+						return err
+					}
 				}),
 				"fail": pool.HandlerFunc(func(context.Context, *pool.Job) error { return pool.Permanent(errStr(`bad \ 'x'`)) }),
 			})

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/leashq/leash/internal/leasekeeper"
 	"github.com/leashq/leash/internal/store"
 	"github.com/leashq/leash/lease"
 )
@@ -74,8 +75,11 @@ func decide(id, token int64, worker string, e ending) (out store.Outcome, write 
 	if errors.Is(e.cause, lease.ErrRevoked) {
 		reason := "revoked"
 		var rv *revocation
+		var rr *leasekeeper.RevokedError
 		if errors.As(e.cause, &rv) {
 			reason = rv.reason
+		} else if errors.As(e.cause, &rr) {
+			reason = rr.Reason
 		}
 		out.State, out.Revoke = store.StateCancelled, &reason
 		if ae == nil {

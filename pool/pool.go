@@ -30,6 +30,7 @@ type counters struct {
 	Lease  leasekeeper.Metrics
 	Notify listener.Metrics
 
+	Claims         atomic.Int64 // claim rounds (one or more statements each)
 	Claimed        atomic.Int64
 	Completed      atomic.Int64
 	Retried        atomic.Int64
@@ -88,6 +89,9 @@ type Pool struct {
 	jobsCtx     context.Context
 	revocations *recorder     // writes notified revocations into their rows
 	waiterID    string        // this pool's name in leash.waiters
+	wakeChannel string        // the channel only this pool LISTENs on, for inserts that pick it
+	picked      atomic.Bool   // an insert picked this pool (a wake on wakeChannel) since it last re-armed
+	gate        wakeGate      // holds back notifications that keep leading to nothing
 	queues      queueView     // leash.queues as last read, for routing claims
 	scan        claimScan     // where the next claim of a single queue starts
 	unkeyed     unkeyedProbes // when the claims of queues with a per-key limit look for jobs without a key
@@ -136,6 +140,8 @@ func New(db *pgxpool.Pool, cfg Config) (*Pool, error) {
 	}
 	p.revocations = newRecorder(p)
 	p.waiterID = cfg.ID + "/" + rand.Text()[:8]
+	p.wakeChannel = newWakeChannel()
+	p.gate.max = min(wakeHoldMax, cfg.PollInterval)
 	p.keeper = leasekeeper.NewKeeper(controlDB{p}, cfg.leaseConfig(), p.leases, p.log, &p.metrics.Lease)
 	if len(cfg.Hooks) > 0 {
 		p.keeper.OnEnd = p.leaseEnded
@@ -274,7 +280,8 @@ func (p *Pool) Busy() int { return int(p.active.Load()) }
 
 // Run works jobs until ctx is cancelled or Shutdown is called. When ctx is cancelled, running
 // jobs get Config.ShutdownTimeout to finish before they are cancelled with lease.ErrShutdown and
-// handed back. Run returns nil after a clean stop.
+// handed back. Run returns nil after a stop, also when running jobs had to be cancelled at
+// its end (Shutdown's error says so: ErrJobsCancelled).
 //
 // Before it claims anything, Run checks the database's settings that leash cannot override on
 // its connections and fails (wrapping ErrDatabaseSettings, a *SettingError naming the setting
@@ -347,16 +354,28 @@ func (p *Pool) Run(ctx context.Context) error {
 		grace, cancel = context.WithTimeout(context.Background(), p.cfg.ShutdownTimeout)
 		defer cancel()
 	}
-	if cancelled, abandoned := p.drain(grace); cancelled > 0 {
-		p.stopErr = fmt.Errorf("pool: stopped after %d running jobs were cancelled with lease.ErrShutdown (%d of them abandoned, left to their leases) when the grace period ended: %w",
+	if cancelled, abandoned := p.drain(grace); cancelled > 0 || abandoned > 0 {
+		// abandoned counts every handler left running, also one whose lease had ended before the
+		// grace period did (a timeout, a revocation), which shutdown did not cancel itself.
+		p.stopErr = fmt.Errorf("pool: stopped after %d running jobs were cancelled with lease.ErrShutdown when the grace period ended, and %d handlers that did not return were abandoned, their jobs left to their leases: %w",
 			cancelled, abandoned, ErrJobsCancelled)
 	}
 	p.outcomes.Wait()
 	close(stopFinisher)
 	<-finisherDone
-	if p.events != nil && !p.events.close(p.cfg.ShutdownTimeout) {
-		p.log.Warn("the Observer did not take the last job events within the shutdown timeout; stopping without them",
-			slog.Duration("shutdown_timeout", p.cfg.ShutdownTimeout))
+	if p.events != nil {
+		// Shutdown's context bounds the wait too: once it is done, the Observer gets at most
+		// ShutdownStallWait more, so a blocked one cannot hold Shutdown for ShutdownTimeout.
+		var stop <-chan struct{}
+		select {
+		case <-p.shutdownCh:
+			stop = p.shutdownCtx.Done()
+		default:
+		}
+		if delivered, dropped := p.events.close(p.cfg.ShutdownTimeout, stop, p.cfg.ShutdownStallWait); !delivered {
+			p.log.Warn("the Observer did not take the last job events in time; stopping without them",
+				slog.Int("dropped", dropped), slog.Duration("shutdown_timeout", p.cfg.ShutdownTimeout))
+		}
 	}
 	stopServices()
 	services.Wait()
@@ -368,8 +387,11 @@ func (p *Pool) Run(ctx context.Context) error {
 // with lease.ErrShutdown and hands their jobs back (available, the attempt not counted) so that
 // another worker starts them at once. It returns when Run has returned: nil when every running
 // job finished on its own, or an error matching ErrJobsCancelled (and saying how many) when ctx
-// ended first and jobs were cancelled. A ctx that is already done stops at once. Only the first
-// call's ctx bounds the wait; later calls wait for the same stop and return the same result.
+// ended first and jobs were cancelled, or a handler that did not return was abandoned (also one
+// whose lease had ended before, by its timeout or a revocation). A ctx that is already done stops
+// at once; after it is done, Run waits at most Config.ShutdownStallWait for handlers that ignore
+// cancellation and as long again for the Observer. Only the first call's ctx bounds the wait;
+// later calls wait for the same stop and return the same result.
 func (p *Pool) Shutdown(ctx context.Context) error {
 	p.shutdownOnce.Do(func() {
 		p.shutdownCtx = ctx
@@ -400,14 +422,9 @@ func (p *Pool) newListener() *listener.Listener {
 		QueryRow: func(ctx context.Context, sql string, args ...any) pgx.Row {
 			return p.control().QueryRow(ctx, sql, args...)
 		},
-		OnAvailable: func(queue string) {
-			for _, q := range p.cfg.Queues {
-				if q == queue {
-					p.poke(p.wake)
-					return
-				}
-			}
-		},
+		OnAvailable:    p.onAvailable,
+		WakeChannel:    p.wakeChannel,
+		OnWake:         p.onWake,
 		OnRevoked:      p.onRevoked,
 		OnQueueChanged: p.onQueueChanged,
 		OnConnect: func() {

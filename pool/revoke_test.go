@@ -212,14 +212,15 @@ func TestRevocationLandsWithListenerDown(t *testing.T) {
 	sent := time.Now()
 	mustExec(t, b.db, "SELECT leash.revoke_job($1, 'while deaf')", id)
 	c := h.cause(t)
-	if !errors.Is(c.cause, lease.ErrRevoked) {
+	// The cause says why, from the row's revoke_reason, as a notified revocation's does.
+	if !errors.Is(c.cause, lease.ErrRevoked) || !strings.Contains(c.cause.Error(), "while deaf") {
 		t.Fatalf("cause %v", c.cause)
 	}
 	if d := c.at.Sub(sent); d > cfg.HeartbeatInterval+cfg.HeartbeatInterval/2 {
 		t.Fatalf("revocation took %s with a %s heartbeat", d, cfg.HeartbeatInterval)
 	}
 	b.events.wait(t, 1, 10*time.Second)
-	if r := getRow(t, b.db, id); r.State != "cancelled" {
+	if r := getRow(t, b.db, id); r.State != "cancelled" || r.LastError == nil || !strings.Contains(*r.LastError, "while deaf") {
 		t.Fatalf("row %+v", r)
 	}
 	if p.Stats().Lease.RevokedByRenewal+p.Stats().Lease.RevokedByRecheck != 1 || p.Stats().RevokedByNotification != 0 {

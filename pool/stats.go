@@ -3,7 +3,11 @@ package pool
 // Stats is a snapshot of what a Pool did since New, returned by Pool.Stats: plain counts the
 // caller reads (like pgxpool.Pool.Stat), each a total since New except Stalled.
 type Stats struct {
-	Claimed    int64 // attempts started
+	Claimed int64 // attempts started
+	// Claims counts the claim loop's claims (one statement per queue kind, however many jobs
+	// each took; an idle worker's polls included): Claims per Claimed is what a job costs in
+	// claims.
+	Claims     int64
 	Completed  int64 // attempts that completed their job
 	Retried    int64 // attempts that failed and left the job retryable
 	Failed     int64 // attempts that failed their job for good
@@ -57,6 +61,10 @@ type ListenerStats struct {
 	Reconnects int64 // connections made after the first
 	PingsLost  int64 // liveness pings that did not come back in time
 	Terminated int64 // server backends of abandoned listener connections that were terminated
+	// Wakes counts notifications on the pool's own wake channel (an insert picked it) naming one
+	// of its queues; WakesIgnored those naming none (forged or garbage, harmless); WakesHeld
+	// notifications held back because the claims after the ones before kept finding nothing.
+	Wakes, WakesIgnored, WakesHeld int64
 }
 
 // Stats returns a snapshot of the pool's counters. Each count is read atomically, the set of
@@ -65,7 +73,7 @@ func (p *Pool) Stats() Stats {
 	m := p.metrics
 	l, n := &m.Lease, &m.Notify
 	return Stats{
-		Claimed: m.Claimed.Load(), Completed: m.Completed.Load(), Retried: m.Retried.Load(),
+		Claims: m.Claims.Load(), Claimed: m.Claimed.Load(), Completed: m.Completed.Load(), Retried: m.Retried.Load(),
 		Failed: m.Failed.Load(), Cancelled: m.Cancelled.Load(), HandedBack: m.HandedBack.Load(),
 		StaleWrites: m.StaleWrites.Load(), Panics: m.Panics.Load(), Stalled: m.Stalled.Load(),
 		Abandoned: m.Abandoned.Load(), TimedOut: m.TimedOut.Load(), Pruned: m.Pruned.Load(),
@@ -83,6 +91,7 @@ func (p *Pool) Stats() Stats {
 		Listener: ListenerStats{
 			Received: n.Received.Load(), Malformed: n.Malformed.Load(), Reconnects: n.Reconnects.Load(),
 			PingsLost: n.PingsLost.Load(), Terminated: n.Terminated.Load(),
+			Wakes: n.Wakes.Load(), WakesIgnored: n.WakesIgnored.Load(), WakesHeld: n.WakesHeld.Load(),
 		},
 	}
 }

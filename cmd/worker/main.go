@@ -23,6 +23,7 @@ import (
 	_ "time/tzdata" // CRON_TZ zones resolve in images without a zone database
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/lmittmann/tint"
 	"github.com/prometheus/client_golang/prometheus"
@@ -84,6 +85,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return err
 	}
 	log := newLogger(e, stderr)
+	return schemaHint(cmd, runCommand(ctx, cmd, e, args, getenv, log, stdout, stderr))
+}
+
+// runCommand runs one of the commands that need the environment.
+func runCommand(ctx context.Context, cmd string, e env, args []string, getenv func(string) string, log *slog.Logger,
+	stdout, stderr io.Writer) error {
 	switch cmd {
 	case "run":
 		return cmdRun(ctx, e, getenv, log)
@@ -107,6 +114,20 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	return fmt.Errorf("unknown command %q\n%s", cmd, usage)
 }
 
+// schemaHint adds what to do to an error of a command that met a database without leash's
+// schema (or with an older one lacking a table or function): migrate.
+func schemaHint(cmd string, err error) error {
+	var pe *pgconn.PgError
+	if err == nil || cmd == "migrate" || !errors.As(err, &pe) {
+		return err
+	}
+	switch pe.Code {
+	case "3F000", "42P01", "42883": // invalid_schema_name, undefined_table, undefined_function
+		return fmt.Errorf("%w\nthe database lacks (part of) leash's schema: run `worker migrate` first (`worker migrate -status` shows what is applied)", err)
+	}
+	return err
+}
+
 func newLogger(e env, w io.Writer) *slog.Logger {
 	var level slog.Level
 	level.UnmarshalText([]byte(e.LogLevel))
@@ -123,7 +144,15 @@ func newLogger(e env, w io.Writer) *slog.Logger {
 	case "text":
 		return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level}))
 	}
-	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level}))
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level, ReplaceAttr: durationText}))
+}
+
+// durationText writes durations as Go duration text ("30s"), not as nanoseconds, in JSON logs.
+func durationText(_ []string, a slog.Attr) slog.Attr {
+	if a.Value.Kind() == slog.KindDuration {
+		return slog.String(a.Key, a.Value.Duration().String())
+	}
+	return a
 }
 
 // connect opens the pool and checks that the database answers, so a database that is down at

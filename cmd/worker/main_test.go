@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -313,11 +314,12 @@ func TestHealthProbe(t *testing.T) {
 	}
 }
 
-// The deployment of the PgBouncer notes in docs/operations.md: the pool through PgBouncer in transaction mode
-// (with default_query_exec_mode=exec, which PgBouncer before 1.21 needs), LISTEN on a direct
-// LISTEN_DATABASE_URL. Jobs drain, a console revocation lands, SIGTERM exits 0.
-func TestBehindPgBouncer(t *testing.T) {
-	t.Parallel()
+// startBouncer starts PgBouncer in transaction mode in front of a fresh database of the test
+// cluster (default_pool_size server connections at most) and returns the database's direct URL,
+// the URL through PgBouncer and PgBouncer's log. It skips the test when PgBouncer is not
+// installed, unless LEASH_REQUIRE_PGBOUNCER is set.
+func startBouncer(t *testing.T, poolSize int) (direct, viaBouncer string, bouncerLog *syncbuf.Buffer) {
+	t.Helper()
 	bouncer, err := exec.LookPath("pgbouncer")
 	if err != nil {
 		for _, p := range []string{"/usr/sbin/pgbouncer", "/usr/bin/pgbouncer"} {
@@ -332,7 +334,7 @@ func TestBehindPgBouncer(t *testing.T) {
 		}
 		t.Skip("pgbouncer not installed; set LEASH_REQUIRE_PGBOUNCER=1 to make this a failure")
 	}
-	direct := pgtest.URL(t)
+	direct = pgtest.URL(t)
 	cfg, _ := pgx.ParseConfig(direct)
 	// Readable by the postgres user PgBouncer runs as when the tests run as root (t.TempDir's
 	// parent is private).
@@ -355,9 +357,9 @@ auth_type = trust
 auth_file = %s/users.txt
 pool_mode = transaction
 max_client_conn = 200
-default_pool_size = 10
+default_pool_size = %d
 ignore_startup_parameters = extra_float_digits
-`, cfg.Host, cfg.Port, port, dir)
+`, cfg.Host, cfg.Port, port, dir, poolSize)
 	os.WriteFile(filepath.Join(dir, "pgbouncer.ini"), []byte(ini), 0o644)
 	os.WriteFile(filepath.Join(dir, "users.txt"), []byte(`"postgres" ""`+"\n"), 0o644)
 	cmd := exec.Command(bouncer, filepath.Join(dir, "pgbouncer.ini"))
@@ -370,8 +372,8 @@ ignore_startup_parameters = extra_float_digits
 		gid, _ := strconv.Atoi(u.Gid)
 		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, Pdeathsig: syscall.SIGKILL}
 	}
-	var bouncerLog syncbuf.Buffer
-	cmd.Stdout, cmd.Stderr = &bouncerLog, &bouncerLog
+	bouncerLog = &syncbuf.Buffer{}
+	cmd.Stdout, cmd.Stderr = bouncerLog, bouncerLog
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -382,7 +384,7 @@ ignore_startup_parameters = extra_float_digits
 			t.Logf("pgbouncer:\n%s", bouncerLog.String())
 		}
 	})
-	viaBouncer := fmt.Sprintf("postgres://%s@127.0.0.1:%d/%s?sslmode=disable&default_query_exec_mode=exec", cfg.User, port, cfg.Database)
+	viaBouncer = fmt.Sprintf("postgres://%s@127.0.0.1:%d/%s?sslmode=disable&default_query_exec_mode=exec", cfg.User, port, cfg.Database)
 	poll(t, 10*time.Second, "PgBouncer to listen", func() bool {
 		c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port))
 		if err == nil {
@@ -390,6 +392,16 @@ ignore_startup_parameters = extra_float_digits
 		}
 		return err == nil
 	})
+	return direct, viaBouncer, bouncerLog
+}
+
+// The deployment of the PgBouncer notes in docs/operations.md: the pool through PgBouncer in transaction mode
+// (with default_query_exec_mode=exec, which PgBouncer before 1.21 needs), LISTEN on a direct
+// LISTEN_DATABASE_URL. Jobs drain, a console revocation lands, SIGTERM exits 0.
+func TestBehindPgBouncer(t *testing.T) {
+	t.Parallel()
+	direct, viaBouncer, bouncerLog := startBouncer(t, 10)
+	cfg, _ := pgx.ParseConfig(direct)
 
 	// The test cluster runs with synchronous_commit = off for speed. Through a pooler leash cannot
 	// raise it on its connections and warns (docs/operations.md, Database settings): set as an operator would.
@@ -420,5 +432,110 @@ ignore_startup_parameters = extra_float_digits
 	}
 	if strings.Contains(logs.String(), `"level":"WARN"`) || strings.Contains(logs.String(), `"level":"ERROR"`) {
 		t.Fatalf("worker logged problems behind PgBouncer:\n%s\npgbouncer:\n%s", logs.String(), bouncerLog.String())
+	}
+}
+
+// The commands that read leash's tables, on a database nobody migrated, say to migrate.
+func TestCommandsOnAnUnmigratedDatabaseSayMigrate(t *testing.T) {
+	t.Parallel()
+	env := envOf("DATABASE_URL", pgtest.EmptyURL(t))
+	for _, args := range [][]string{{"status"}, {"status", "1"}, {"queue", "list"}, {"schedule", "list"}, {"retry", "1"}} {
+		_, err := runCmd(t, env, args...)
+		if err == nil || !strings.Contains(err.Error(), "run `worker migrate` first") {
+			t.Errorf("worker %s on an unmigrated database: %v", strings.Join(args, " "), err)
+		}
+	}
+}
+
+// JSON logs write durations as text.
+func TestJSONLogDurationsAreText(t *testing.T) {
+	t.Parallel()
+	var buf bytes.Buffer
+	newLogger(env{LogFormat: "json"}, &buf).Info("x", slog.Duration("timeout", 30*time.Second))
+	if !strings.Contains(buf.String(), `"timeout":"30s"`) {
+		t.Fatalf("JSON log %s", buf.String())
+	}
+}
+
+// A fleet of 32 workers behind PgBouncer in transaction mode, each with its listener direct, on a
+// database limited to 100 connections: every worker starts (none is refused a connection), the
+// jobs drain across the fleet, a console revocation lands, and the database never sees more than
+// the 32 listeners, PgBouncer's 20 server connections and the test's own. Every worker stops
+// cleanly on SIGTERM.
+func TestFleetBehindPgBouncerWithin100Connections(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("32 worker processes")
+	}
+	const workers, serverConns, limit = 32, 20, 100
+	direct, viaBouncer, bouncerLog := startBouncer(t, serverConns)
+	cfg, _ := pgx.ParseConfig(direct)
+	dbName := pgx.Identifier{cfg.Database}.Sanitize()
+	pgtest.Exec(t, direct, "ALTER DATABASE "+dbName+" SET synchronous_commit = on")
+	pgtest.Exec(t, direct, fmt.Sprintf("ALTER DATABASE %s CONNECTION LIMIT %d", dbName, limit))
+	db := pgtest.PoolFor(t, direct)
+	ctx := context.Background()
+	const jobs = 3000
+	if _, err := db.Exec(ctx, `INSERT INTO leash.jobs (kind) SELECT 'noop' FROM generate_series(1, $1)`, jobs); err != nil {
+		t.Fatal(err)
+	}
+	var long int64
+	db.QueryRow(ctx, `INSERT INTO leash.jobs (kind, payload) VALUES ('sleep', '{"duration":"1m"}') RETURNING id`).Scan(&long)
+
+	// The most connections the database held, sampled until the test ends.
+	var peak atomic.Int64
+	sampling, stopSampling := context.WithCancel(ctx)
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		for sampling.Err() == nil {
+			var n int64
+			if db.QueryRow(sampling, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()`).Scan(&n) == nil && n > peak.Load() {
+				peak.Store(n)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
+	defer func() { stopSampling(); <-sampled }()
+
+	bin := buildWorker(t)
+	logs := make([]*syncbuf.Buffer, workers)
+	procs := make([]*exec.Cmd, workers)
+	for i := range workers {
+		logs[i] = &syncbuf.Buffer{}
+		procs[i] = startWorker(t, bin, logs[i], "DATABASE_URL="+viaBouncer, "LISTEN_DATABASE_URL="+direct,
+			fmt.Sprintf("WORKER_ID=w%02d", i), "WORKER_CONCURRENCY=4", "WORKER_DB_MAX_CONNS=3", "WORKER_CONTROL_CONNS=2",
+			"WORKER_HEARTBEAT_INTERVAL=500ms", "WORKER_LEASE_DURATION=3s", "WORKER_POLL_INTERVAL=200ms",
+			"WORKER_SHUTDOWN_TIMEOUT=1s")
+	}
+	poll(t, 90*time.Second, "the fleet to drain the jobs, every listener connected, the long job running", func() bool {
+		var done, listeners int
+		var running bool
+		db.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state = 'completed'), coalesce(bool_or(id = $1 AND state = 'running'), false) FROM leash.jobs`, long).Scan(&done, &running)
+		db.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'leash-listener'`).Scan(&listeners)
+		return done == jobs && running && listeners == workers
+	})
+	db.Exec(ctx, fmt.Sprintf("NOTIFY job_revoked, '%d'", long))
+	poll(t, 10*time.Second, "the revocation", func() bool {
+		var state string
+		db.QueryRow(ctx, `SELECT state FROM leash.jobs WHERE id = $1`, long).Scan(&state)
+		return state == "cancelled"
+	})
+	for i, w := range procs {
+		w.Process.Signal(syscall.SIGTERM)
+		if err := w.Wait(); err != nil {
+			t.Fatalf("worker %d exit: %v\n%s", i, err, logs[i].String())
+		}
+	}
+	for i, l := range logs {
+		if s := l.String(); strings.Contains(s, `"level":"ERROR"`) || strings.Contains(s, "too many") || strings.Contains(s, "53300") {
+			t.Fatalf("worker %d logged errors:\n%s\npgbouncer:\n%s", i, s, bouncerLog.String())
+		}
+	}
+	stopSampling()
+	<-sampled
+	t.Logf("peak connections to the database: %d (limit %d; %d listeners, PgBouncer's %d, the test's own)", peak.Load(), limit, workers, serverConns)
+	if peak.Load() > limit {
+		t.Fatalf("the fleet held %d connections, over the limit of %d", peak.Load(), limit)
 	}
 }

@@ -15,11 +15,13 @@
 //
 // The regions, all in package pool's examples (pool/example_*_test.go) unless said otherwise:
 //
+//   - embed-imports: the import block a main.go of the embedding example needs.
 //   - embed-args: EmailArgs, a typed job argument naming its kind (Example_embed).
 //   - embed-handler: sendEmail, a handler whose write is fenced and completes the job in the
 //     same transaction.
 //   - embed: runWorker: Migrate, New, AddWorker, InsertArgs, Run until ctx is cancelled.
-//   - embed-main: main's part: signal.NotifyContext, pgxpool.New, runWorker (Example).
+//   - embed-main: main's part: signal.NotifyContext (a second signal ends the process),
+//     pgxpool.New, runWorker (Example).
 //   - embed-observer: a Config.Observer that hands events over without ever blocking.
 //   - insert-tx: placeOrder, a business row and its job in one transaction; a failure rolls both
 //     back (Example_insertTx).
@@ -34,6 +36,9 @@
 //   - pause-queue, resume-queue: PauseQueue and ResumeQueue (Example_pauseQueue).
 //   - pooltest-nodb, pooltest-db: pooltest.Work on a handler without and with a database
 //     (pool/pooltest/example_test.go, ExampleWork).
+//   - pooltest-main, pooltest-test: an application's TestMain with pooltest.Main, and a test of
+//     a fenced handler on a database of its own from pooltest.Database
+//     (pool/pooltest/pooltest_test.go).
 package doccheck
 
 import (

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/leashq/leash/internal/clean"
 	"github.com/leashq/leash/internal/store"
 )
 
@@ -292,6 +293,8 @@ func (k *Keeper) settleMissing(ctx context.Context, missing []*Lease, recheck bo
 		ours := found && row.Token != nil && *row.Token == l.Token
 		cause := ErrLost
 		switch {
+		case ours && row.Revoked && row.RevokeReason != nil && *row.RevokeReason != "":
+			cause = &RevokedError{Reason: clean.Text(*row.RevokeReason, store.MaxReasonBytes)}
 		case ours && row.Revoked:
 			cause = ErrRevoked
 		case ours:
@@ -303,9 +306,9 @@ func (k *Keeper) settleMissing(ctx context.Context, missing []*Lease, recheck bo
 		}
 		k.metrics.RenewalsLost.Add(1)
 		if l.End(cause) {
-			if cause == ErrRevoked && recheck {
+			if errors.Is(cause, ErrRevoked) && recheck {
 				k.metrics.RevokedByRecheck.Add(1)
-			} else if cause == ErrRevoked {
+			} else if errors.Is(cause, ErrRevoked) {
 				k.metrics.RevokedByRenewal.Add(1)
 			}
 			attrs := []any{slog.Int64("job_id", l.JobID), slog.Int64("lease_token", l.Token), slog.String("cause", cause.Error())}

@@ -22,6 +22,16 @@ var (
 	ErrShutdown       = lease.ErrShutdown
 )
 
+// RevokedError is the cause of a revocation found in the job's row (by a renewal, or the re-check
+// after the listener reconnected): it matches ErrRevoked and carries the row's revoke_reason, so
+// the handler and the job's errors history say why, as they do for a notified revocation.
+type RevokedError struct {
+	Reason string
+}
+
+func (e *RevokedError) Error() string        { return "job revoked: " + e.Reason }
+func (e *RevokedError) Is(target error) bool { return target == ErrRevoked }
+
 // Lease is one claim of one job: its id, its fencing token and how long this worker may trust
 // that it still holds it.
 type Lease struct {

@@ -73,6 +73,11 @@ type Listener struct {
 	Logger *slog.Logger
 	// OnAvailable is called with the queue name of a job_available notification.
 	OnAvailable func(queue string)
+	// WakeChannel, when set, is a channel of this listener's own: an insert that picked this
+	// worker notifies it with a queue's name. OnWake is called with each such payload, whatever
+	// it is (anyone may NOTIFY any channel).
+	WakeChannel string
+	OnWake      func(payload string)
 	// OnRevoked is called with each well-formed job_revoked payload.
 	OnRevoked func(Revocation)
 	// OnQueueChanged is called with the payload of each queue_changed notification (a queue
@@ -214,6 +219,14 @@ func (l *Listener) Run(ctx context.Context) error {
 			l.OnQueueChanged(n.Payload)
 		}
 	})
+	if l.WakeChannel != "" {
+		handle(l.WakeChannel, func(_ context.Context, n *pgconn.Notification) {
+			l.Metrics.Received.Add(1)
+			if l.OnWake != nil {
+				l.OnWake(n.Payload)
+			}
+		})
+	}
 	handle(l.pingChannel, func(_ context.Context, n *pgconn.Notification) {
 		select {
 		case l.pong <- n.Payload:

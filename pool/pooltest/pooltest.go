@@ -1,15 +1,18 @@
 // Package pooltest runs a handler on a real *pool.Job without starting a Pool, for an
-// application's own tests:
+// application's own tests, and gives each test a database of its own:
 //
-//	res, err := pooltest.Work(ctx, nil, EmailArgs{To: "a@example.com"}, nil, sendEmail)
-//	// res.Err is what sendEmail returned, res.State what a pool would have made of it.
+//	db := pooltest.Database(t) // a fresh database with leash's schema
+//	res, err := pooltest.Work(ctx, db, EmailArgs{To: "a@example.com"}, nil, sendEmail(db))
+//	// res.Err is what the handler returned, res.State the job's state afterwards.
 //
 // Without a database (db nil) nothing is stored: the job's lease holds while the handler runs,
-// EnsureActive returns nil, and Fence, CompleteTx and SetProgress fail. With a database (a
-// *pgxpool.Pool on a database migrated with pool.Migrate), the job is inserted and claimed, so
-// it has a row and a lease token: Fence, CompleteTx, SetProgress and SetOutput work as under a
-// Pool, the lease is renewed while the handler runs (a revocation reaches it at the next
-// renewal), and the attempt's outcome is written fenced, as a Pool writes it.
+// EnsureActive returns nil, and Fence, CompleteTx and SetProgress fail with pool.ErrFenced; a
+// handler that uses a database of its own (pgx.BeginFunc on a nil pool) needs one. With a
+// database (Database, or any *pgxpool.Pool on a database migrated with pool.Migrate), the job is
+// inserted and claimed, so it has a row and a lease token: Fence, CompleteTx, SetProgress and
+// SetOutput work as under a Pool, the lease is renewed while the handler runs (a revocation
+// reaches it at the next renewal), and the attempt's outcome is written fenced, as a Pool writes
+// it. The job's row stays in the database.
 package pooltest
 
 import (

@@ -8,13 +8,16 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/leashq/leash/internal/pgtest"
 	"github.com/leashq/leash/lease"
 	"github.com/leashq/leash/pool"
 	"github.com/leashq/leash/pool/pooltest"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+// snippet:start pooltest-main
+
+func TestMain(m *testing.M) { pooltest.Main(m) }
+
+// snippet:end pooltest-main
 
 type greetArgs struct {
 	Name string `json:"name"`
@@ -69,7 +72,7 @@ func TestWorkWithoutDatabase(t *testing.T) {
 func TestWorkWithDatabase(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := pgtest.Pool(t)
+	db := pooltest.Database(t)
 	if _, err := db.Exec(ctx, `CREATE TABLE greeted (name text)`); err != nil {
 		t.Fatal(err)
 	}
@@ -132,4 +135,28 @@ func TestWorkWithDatabase(t *testing.T) {
 	if n != 1 {
 		t.Fatalf("%d effects committed", n)
 	}
+}
+
+// An application's test of a handler with fenced writes: a database of its own from Database,
+// the handler's table, one attempt, and what it wrote.
+func TestWelcomeWritesFenced(t *testing.T) {
+	t.Parallel()
+	// snippet:start pooltest-test
+	ctx := context.Background()
+	db := pooltest.Database(t) // a fresh database with leash's schema, dropped when t ends
+	if _, err := db.Exec(ctx, `CREATE TABLE welcomed (email text PRIMARY KEY)`); err != nil {
+		t.Fatal(err)
+	}
+	res, err := pooltest.Work(ctx, db, SignupArgs{Email: "ada@example.com"}, nil, welcome(db))
+	if err != nil {
+		t.Fatal(err) // the helper failed: the job could not be inserted, claimed or settled
+	}
+	if res.Err != nil || res.State != pool.StateCompleted {
+		t.Fatalf("handler returned %v; job %s", res.Err, res.State)
+	}
+	var n int
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM welcomed`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("%d rows welcomed (%v), want 1", n, err)
+	}
+	// snippet:end pooltest-test
 }

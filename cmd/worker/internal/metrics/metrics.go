@@ -100,6 +100,10 @@ func RegisterPool(reg prometheus.Registerer, p *pool.Pool, db pool.DB) {
 		counter("leash_notifications_received_total", "Notifications received by the listener.", stat(func(s pool.Stats) int64 { return s.Listener.Received })),
 		counter("leash_notifications_malformed_total", "job_revoked payloads that did not parse.", stat(func(s pool.Stats) int64 { return s.Listener.Malformed })),
 		counter("leash_listener_reconnects_total", "Listener connections made after the first.", stat(func(s pool.Stats) int64 { return s.Listener.Reconnects })),
+		labelled("leash_listener_wakes_total", "Notifications on the worker's own wake channel: heard (naming one of its queues), ignored (naming none: forged or garbage), held (a notification, on that channel or job_available, held back because the claims after the ones before found nothing).", "outcome",
+			map[string]func() int64{"heard": stat(func(s pool.Stats) int64 { return s.Listener.Wakes }), "ignored": stat(func(s pool.Stats) int64 { return s.Listener.WakesIgnored }),
+				"held": stat(func(s pool.Stats) int64 { return s.Listener.WakesHeld })}),
+		counter("leash_claims_total", "Claim rounds, idle polls included.", stat(func(s pool.Stats) int64 { return s.Claims })),
 		counter("leash_listener_pings_lost_total", "Listener liveness pings that did not come back in time.", stat(func(s pool.Stats) int64 { return s.Listener.PingsLost })),
 		gauge("leash_listener_connected", "1 when the LISTEN connection is up.", func() float64 {
 			if p.ListenerConnected() {

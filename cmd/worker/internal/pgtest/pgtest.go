@@ -39,11 +39,18 @@ type serverInfo struct {
 	template string
 }
 
-// Main runs the tests and then stops the private cluster, if one was started.
+// Main runs the tests and then stops the private cluster, if one was started, or drops the
+// template database it made on an external server.
 func Main(m *testing.M) {
 	code := m.Run()
 	if server != nil && server.cluster != nil {
 		server.cluster.Close()
+	} else if server != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		if err := exec(ctx, server.admin, "DROP DATABASE IF EXISTS "+server.template); err != nil {
+			fmt.Fprintf(os.Stderr, "pgtest: drop the template database %s: %v\n", server.template, err)
+		}
+		cancel()
 	}
 	os.Exit(code)
 }
@@ -155,6 +162,29 @@ func create(t testing.TB, template string) string {
 func Pool(t testing.TB) *pgxpool.Pool {
 	t.Helper()
 	return PoolFor(t, URL(t))
+}
+
+// exampleTB lets examples, which have no *testing.T, take a database: a failure panics, and
+// cleanups run when the example calls done.
+type exampleTB struct {
+	testing.TB
+	cleanups []func()
+}
+
+func (e *exampleTB) Helper()                           {}
+func (e *exampleTB) Cleanup(f func())                  { e.cleanups = append(e.cleanups, f) }
+func (e *exampleTB) Fatalf(format string, args ...any) { panic(fmt.Sprintf(format, args...)) }
+
+// ExamplePool is Pool for an Example function: a fresh migrated database, closed (and dropped)
+// when the example calls done.
+func ExamplePool() (db *pgxpool.Pool, done func()) {
+	tb := &exampleTB{}
+	db = Pool(tb)
+	return db, func() {
+		for i := len(tb.cleanups) - 1; i >= 0; i-- {
+			tb.cleanups[i]()
+		}
+	}
 }
 
 // PoolFor returns a pool on connString with room for a worker and its test, closed when t ends.
