@@ -259,3 +259,196 @@ BEGIN
     RETURN NEW;
 END;
 $$;
+
+-- The claim of a queue with a per-key limit, as functions whose few statements are planned once
+-- per session (plan_cache_mode): planning one statement covering every step for its values took
+-- longer than running it (about 6 ms on 100,000 keys), and PostgreSQL kept planning it anew. A
+-- generic plan must not go wrong whatever the statistics (a fresh install, a table autovacuum has
+-- not reached): the functions plan with nested loops over index scans only, so each statement
+-- reaches a key's jobs through the key's own indexes and the keys through their tables' indexes,
+-- in order, bound by a LIMIT (sequential, bitmap, hash and merge paths off). They run in the
+-- claim's READ COMMITTED transaction after it took the queue's row (leash.capped_claim holds the
+-- claim's mark): no other claim of the queue is in flight, and each statement's snapshot, taken
+-- after the row was granted, sees every claim of the queue committed before. They run with the
+-- caller's rights (the grants of docs/sql.md).
+
+-- Brings the rows of keys ks of queue q in leash.concurrency_keys up to date, n being the queue's
+-- limit, in one statement and so in one snapshot: a key with something to claim gets its row at
+-- the position of that, any other loses its row. What to claim is, first, a job that holds the key
+-- and waits to run again, and, while fewer than n hold the key, its first job not yet started;
+-- due ones first, else the earliest to come due. Keys take turns: a due key whose jobs hold it is
+-- placed no earlier than the latest start of those jobs, behind every key waiting since before
+-- that (a key's position orders the keys a claim walks, never the jobs within a key).
+CREATE OR REPLACE FUNCTION leash.refresh_concurrency_keys(q text, ks text[], n integer) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off SET enable_bitmapscan = off SET enable_hashjoin = off SET enable_mergejoin = off
+AS $$
+BEGIN
+    WITH calc AS (
+        SELECT t.key, hc.holders, hc.started, best.priority, best.run_at, best.id
+        FROM (SELECT DISTINCT x.key FROM unnest(ks) AS x(key) WHERE x.key IS NOT NULL AND x.key <> '') t
+        CROSS JOIN LATERAL (
+            SELECT count(*) AS holders, max(h.attempted_at) AS started FROM leash.jobs h
+            WHERE h.queue = q AND h.concurrency_key = t.key AND h.concurrency_key IS NOT NULL
+              AND (h.state = 'running' OR (h.state IN ('available', 'retryable') AND h.attempted_at IS NOT NULL))) hc
+        LEFT JOIN LATERAL (
+            SELECT s.priority, s.run_at, s.id FROM leash.jobs s
+            WHERE s.queue = q AND s.concurrency_key = t.key AND s.concurrency_key IS NOT NULL
+              AND (s.state = 'running' OR (s.state IN ('available', 'retryable') AND s.attempted_at IS NOT NULL))
+              AND s.state IN ('available', 'retryable') AND s.attempted_at IS NOT NULL AND s.revoked_at IS NULL
+            ORDER BY s.run_at > now(), CASE WHEN s.run_at > now() THEN s.run_at END, s.priority, s.run_at, s.id
+            LIMIT 1) st ON true
+        LEFT JOIN LATERAL (
+            SELECT f.priority, f.run_at, f.id FROM leash.jobs f
+            WHERE f.queue = q AND f.concurrency_key = t.key AND f.concurrency_key IS NOT NULL
+              AND f.state IN ('available', 'retryable') AND f.attempted_at IS NULL AND f.revoked_at IS NULL
+              AND f.run_at <= now() AND hc.holders < n
+            ORDER BY f.priority, f.run_at, f.id
+            LIMIT 1) fd ON true
+        LEFT JOIN LATERAL (
+            SELECT f.priority, f.run_at, f.id FROM leash.jobs f
+            WHERE f.queue = q AND f.concurrency_key = t.key AND f.concurrency_key IS NOT NULL
+              AND f.state IN ('available', 'retryable') AND f.attempted_at IS NULL AND f.revoked_at IS NULL
+              AND f.run_at > now() AND hc.holders < n AND fd.id IS NULL AND (st.id IS NULL OR st.run_at > now())
+            ORDER BY f.run_at, f.priority, f.id
+            LIMIT 1) fl ON true
+        LEFT JOIN LATERAL (
+            SELECT c.priority, c.run_at, c.id
+            FROM (VALUES (st.priority, st.run_at, st.id), (fd.priority, fd.run_at, fd.id), (fl.priority, fl.run_at, fl.id))
+                 AS c(priority, run_at, id)
+            WHERE c.id IS NOT NULL
+            ORDER BY c.run_at > now(), CASE WHEN c.run_at > now() THEN c.run_at END, c.priority, c.run_at, c.id
+            LIMIT 1) best ON true
+    ), kept AS (
+        INSERT INTO leash.concurrency_keys AS c (queue, key, next_priority, next_run_at, next_id)
+        SELECT q, calc.key, calc.priority,
+               CASE WHEN calc.run_at <= now() AND calc.started > calc.run_at THEN calc.started ELSE calc.run_at END,
+               calc.id
+        FROM calc WHERE calc.id IS NOT NULL
+        ON CONFLICT (queue, key) DO UPDATE
+            SET next_priority = excluded.next_priority, next_run_at = excluded.next_run_at, next_id = excluded.next_id
+            WHERE (c.next_priority, c.next_run_at, c.next_id) IS DISTINCT FROM (excluded.next_priority, excluded.next_run_at, excluded.next_id)
+    )
+    DELETE FROM leash.concurrency_keys c
+    WHERE c.queue = q AND c.key = ANY (ARRAY(SELECT calc.key FROM calc WHERE calc.id IS NULL));
+END;
+$$;
+
+-- Chooses what the claim of queue q (mark: the claim's, see above) leases, at most want jobs,
+-- and returns their ctids; the claim locks and leases them (FOR UPDATE SKIP LOCKED). First the
+-- keys woken since the last claim (at most 1,000, the rest wait for the next) are brought up to
+-- date: their entries are deleted first, and the keys' jobs read after that, so that every change
+-- an entry stood for is seen; an entry of a transaction not yet committed stays for the next
+-- claim. Then the walk: the keys with something due, in the order of their rows, at most as many
+-- as the claim has room for; of each, the jobs that hold it and are due (they hold the key
+-- already, and are few), then, while fewer than the limit hold it, its first jobs not yet
+-- started. With unkeyed, or when jobs without a key were inserted or queued again since the last
+-- claim (an entry of key ''), the queue's jobs without a key too. Of all these, by priority first,
+-- the first job of each key comes before the second of any, keys in the order of their rows
+-- (keys take turns; jobs without a key by their run_at). Nothing while the queue is paused, and
+-- no more than its max_running leaves room for. The walked keys are kept in the setting
+-- leash.keyed_walked for leash.claim_keyed_done, which brings them up to date after the lease.
+CREATE OR REPLACE FUNCTION leash.claim_keyed_pick(q text, want integer, mark text, unkeyed boolean) RETURNS tid[]
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off SET enable_bitmapscan = off SET enable_hashjoin = off SET enable_mergejoin = off
+AS $$
+DECLARE
+    per_key integer;
+    cap integer;
+    paused timestamptz;
+    room integer;
+    woken text[];
+    walked text[];
+    picked tid[];
+BEGIN
+    SELECT qq.max_running_per_key, qq.max_running, qq.paused_at INTO per_key, cap, paused
+    FROM leash.queues qq WHERE qq.name = q AND current_setting('leash.capped_claim', true) = mark;
+    PERFORM set_config('leash.keyed_walked', '{}', true);
+    IF per_key IS NULL THEN
+        RETURN '{}';
+    END IF;
+    -- The woken keys, distinct, one descent of the index each (a key woken by every job of a
+    -- 50,000-row COPY costs one, not 50,000 entries read), passing over the entries of wakes
+    -- already deleted at the cost of an index entry each. '' (jobs without a key) sorts first.
+    woken := ARRAY(
+        WITH RECURSIVE t(key, n) AS (
+            SELECT (SELECT min(e.key) FROM leash.key_wakes e WHERE e.queue = q AND e.key >= ''), 1
+            UNION ALL
+            SELECT (SELECT min(e.key) FROM leash.key_wakes e WHERE e.queue = q AND e.key > t.key), t.n + 1
+            FROM t WHERE t.key IS NOT NULL AND t.n < 1000)
+        SELECT t.key FROM t WHERE t.key IS NOT NULL);
+    IF cardinality(woken) > 0 THEN
+        DELETE FROM leash.key_wakes w WHERE w.queue = q AND w.key = ANY (woken);
+        IF '' = ANY (woken) THEN
+            unkeyed := true;
+        END IF;
+        PERFORM leash.refresh_concurrency_keys(q, woken, per_key);
+    END IF;
+    IF paused IS NOT NULL THEN
+        RETURN '{}';
+    END IF;
+    room := want;
+    IF cap IS NOT NULL THEN
+        room := greatest(0, least(want, cap - (SELECT count(*) FROM leash.jobs rj WHERE rj.queue = q AND rj.state = 'running')::integer));
+    END IF;
+    IF room <= 0 THEN
+        RETURN '{}';
+    END IF;
+    walked := ARRAY(
+        SELECT c.key FROM leash.concurrency_keys c
+        WHERE c.queue = q AND c.next_run_at <= now()
+        ORDER BY c.next_priority, c.next_run_at, c.next_id, c.key
+        LIMIT room);
+    PERFORM set_config('leash.keyed_walked', walked::text, true);
+    picked := ARRAY(
+        SELECT cand.ctid FROM (
+            SELECT s.ctid, s.priority, s.rank, w.o AS turn, s.run_at, s.id
+            FROM unnest(walked) WITH ORDINALITY AS w(key, o)
+            CROSS JOIN LATERAL (
+                SELECT count(*) AS holders FROM leash.jobs h
+                WHERE h.queue = q AND h.concurrency_key = w.key AND h.concurrency_key IS NOT NULL
+                  AND (h.state = 'running' OR (h.state IN ('available', 'retryable') AND h.attempted_at IS NOT NULL))) hc
+            CROSS JOIN LATERAL (
+                SELECT g.ctid, g.priority, g.run_at, g.id, row_number() OVER (ORDER BY g.priority, g.run_at, g.id) AS rank
+                FROM (
+                    (SELECT a.ctid, a.priority, a.run_at, a.id FROM leash.jobs a
+                     WHERE a.queue = q AND a.concurrency_key = w.key AND a.concurrency_key IS NOT NULL
+                       AND (a.state = 'running' OR (a.state IN ('available', 'retryable') AND a.attempted_at IS NOT NULL))
+                       AND a.state IN ('available', 'retryable') AND a.attempted_at IS NOT NULL
+                       AND a.run_at <= now() AND a.revoked_at IS NULL
+                     ORDER BY a.priority, a.run_at, a.id
+                     LIMIT room)
+                    UNION ALL
+                    (SELECT f.ctid, f.priority, f.run_at, f.id FROM leash.jobs f
+                     WHERE f.queue = q AND f.concurrency_key = w.key AND f.concurrency_key IS NOT NULL
+                       AND f.state IN ('available', 'retryable') AND f.attempted_at IS NULL
+                       AND f.run_at <= now() AND f.revoked_at IS NULL
+                     ORDER BY f.priority, f.run_at, f.id
+                     LIMIT least(room, greatest(per_key - hc.holders, 0)))) g) s
+            UNION ALL
+            SELECT uk.ctid, uk.priority, row_number() OVER (ORDER BY uk.priority, uk.run_at, uk.id), 0, uk.run_at, uk.id
+            FROM (SELECT u.ctid, u.priority, u.run_at, u.id FROM leash.jobs u
+                  WHERE unkeyed AND u.queue = q AND u.state IN ('available', 'retryable') AND u.concurrency_key IS NULL
+                    AND u.run_at <= now() AND u.revoked_at IS NULL
+                  ORDER BY u.priority, u.run_at, u.id
+                  LIMIT room) uk) cand
+        ORDER BY cand.priority, cand.rank, cand.turn, cand.run_at, cand.id
+        LIMIT room);
+    RETURN picked;
+END;
+$$;
+
+-- After the claim's lease, in the same transaction: brings the keys leash.claim_keyed_pick walked
+-- up to date.
+CREATE OR REPLACE FUNCTION leash.claim_keyed_done(q text, mark text) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET plan_cache_mode = force_generic_plan AS $$
+DECLARE
+    per_key integer;
+BEGIN
+    SELECT qq.max_running_per_key INTO per_key
+    FROM leash.queues qq WHERE qq.name = q AND current_setting('leash.capped_claim', true) = mark;
+    IF per_key IS NOT NULL THEN
+        PERFORM leash.refresh_concurrency_keys(q, coalesce(nullif(current_setting('leash.keyed_walked', true), ''), '{}')::text[], per_key);
+    END IF;
+END;
+$$;

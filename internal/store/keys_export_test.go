@@ -2,9 +2,8 @@ package store
 
 // Statements for keys_measure_test.go, which explains them on a table of many keys.
 var (
-	LockQueueRowSQL = lockQueueRowSQL
-	KeyWakesSQL     = keyWakesSQL
-	ClaimKeyedSQL   = claimKeyedSQL
-	KeyWalkedSQL    = keyWalkedSQL
-	ClaimOneSQL     = claimOneQueueSQL
+	LockQueueRowSQL   = lockQueueRowSQL
+	ClaimKeyedSQL     = claimKeyedSQL
+	ClaimKeyedDoneSQL = claimKeyedDoneSQL
+	ClaimOneSQL       = claimOneQueueSQL
 )

@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/leashq/leash/internal/pgtest"
 	"github.com/leashq/leash/internal/store"
 )
@@ -19,8 +17,9 @@ import (
 // per-key limit on many keys: LEASH_KEYS=100000 go test ./internal/store -run ExplainKeyedClaim -v.
 // The queue has that many keys of 3 jobs each, half of them at their limit of 1 (their first job
 // running); beside it, an uncapped queue of as many jobs without a key, claimed by the claim of
-// uncapped queues for comparison. Each statement runs under EXPLAIN (ANALYZE, BUFFERS) in a
-// transaction rolled back afterwards, the best of five.
+// uncapped queues for comparison. auto_explain (ANALYZE, BUFFERS) logs every statement the claims
+// run, those of the claim's functions included, on the plans they run on; the last claim's are
+// printed, and the mean time of a claim (auto_explain's timing included).
 func TestExplainKeyedClaim(t *testing.T) {
 	keys, _ := strconv.Atoi(os.Getenv("LEASH_KEYS"))
 	if keys <= 0 {
@@ -45,20 +44,7 @@ func TestExplainKeyedClaim(t *testing.T) {
 		if n == 0 {
 			break
 		}
-		mark := "m"
-		tx, err := db.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := tx.Exec(ctx, store.LockQueueRowSQL, "kq", mark); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := tx.Exec(ctx, store.KeyWakesSQL, "kq", mark, 1_000_000); err != nil {
-			t.Fatal(err)
-		}
-		if err := tx.Commit(ctx); err != nil {
-			t.Fatal(err)
-		}
+		claimKeyed(t, db, "kq", 0, false)
 	}
 	// Half the keys at their limit: claim them (the keys first in order) and leave them running.
 	for claimed := 0; claimed < keys/2; {
@@ -71,57 +57,47 @@ func TestExplainKeyedClaim(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("%d keys, %d with a row in leash.concurrency_keys", keys, rows)
-	const uncapped = "claim of 10 jobs of an uncapped queue"
-	explain := func(name, sql string, args ...any) {
-		best := time.Duration(1 << 62)
-		var plan string
-		for range 5 {
-			tx, err := db.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
-			if err != nil {
+	url := db.Config().ConnConfig.ConnString()
+	conn, plans := explainedConn(t, url, true)
+	timed := func(name string, claim func() error) {
+		began := time.Now()
+		const n = 50
+		for range n {
+			if err := claim(); err != nil {
 				t.Fatal(err)
 			}
-			if name != uncapped {
-				if _, err := tx.Exec(ctx, store.LockQueueRowSQL, "kq", "m"); err != nil {
-					t.Fatal(err)
-				}
-			}
-			if strings.HasPrefix(name, "generic: ") {
-				if _, err := tx.Exec(ctx, `SET LOCAL plan_cache_mode = force_generic_plan`); err != nil {
-					t.Fatal(err)
-				}
-			}
-			rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) "+sql, args...)
-			if err != nil {
-				t.Fatalf("%s: %v", name, err)
-			}
-			var lines []string
-			for rows.Next() {
-				var l string
-				if err := rows.Scan(&l); err != nil {
-					t.Fatal(err)
-				}
-				lines = append(lines, l)
-			}
-			rows.Close()
-			tx.Rollback(ctx)
-			var ms float64
-			for _, l := range lines {
-				if strings.HasPrefix(l, "Execution Time:") {
-					fmt.Sscanf(strings.TrimPrefix(l, "Execution Time:"), "%f", &ms)
-				}
-			}
-			if d := time.Duration(ms * float64(time.Millisecond)); d < best {
-				best, plan = d, strings.Join(lines, "\n")
-			}
 		}
-		t.Logf("%s: best %v\n%s", name, best, plan)
+		t.Logf("%s: %v a claim (mean of %d, with auto_explain)", name, time.Since(began)/n, n)
 	}
-	explain("claim of 10 jobs of the queue with a per-key limit", store.ClaimKeyedSQL, "kq", 10, "w", 60000, "m", false)
-	explain("the same, looking for jobs without a key too", store.ClaimKeyedSQL, "kq", 10, "w", 60000, "m", true)
-	explain("walked keys brought up to date", store.KeyWalkedSQL, "kq", "m", 10)
-	explain("woken keys brought up to date (none woken)", store.KeyWakesSQL, "kq", "m", 1000)
-	explain("generic: claim", store.ClaimKeyedSQL, "kq", 10, "w", 60000, "m", false)
-	explain("generic: walked", store.KeyWalkedSQL, "kq", "m", 10)
-	explain("generic: wakes", store.KeyWakesSQL, "kq", "m", 1000)
-	explain(uncapped, store.ClaimOneSQL, "plain", 10, "w", 60000)
+	keyed := func(unkeyed bool) func() error {
+		return func() error {
+			_, err := store.ClaimKeyed(ctx, conn, store.KeyedParams{Unkeyed: unkeyed,
+				ClaimParams: store.ClaimParams{Queues: []string{"kq"}, Limit: 10, WorkerID: "w", Lease: time.Hour}})
+			return err
+		}
+	}
+	uncapped := func() error {
+		_, err := store.Claim(ctx, conn, store.ClaimParams{Queues: []string{"plain"}, Limit: 10, WorkerID: "w", Lease: time.Hour})
+		return err
+	}
+	timed("claim of 10 jobs of the queue with a per-key limit", keyed(false))
+	t.Logf("its statements, the last claim's:\n%s", strings.Join(lastClaim(plans()), "\n\n"))
+	timed("the same, looking for jobs without a key too", keyed(true))
+	t.Logf("its statements, the last claim's:\n%s", strings.Join(lastClaim(plans()), "\n\n"))
+	timed("claim of 10 jobs of an uncapped queue", uncapped)
+	t.Logf("its statements, the last claim's:\n%s", strings.Join(lastClaim(plans()), "\n\n"))
+}
+
+// lastClaim is the plans of the last claim among plans: from its lock of the queue's row (or
+// its one statement) on.
+func lastClaim(plans []string) []string {
+	for i := len(plans) - 1; i >= 0; i-- {
+		if strings.Contains(plans[i], "set_config('leash.capped_claim'") {
+			return plans[i:]
+		}
+	}
+	if len(plans) > 0 {
+		return plans[len(plans)-1:]
+	}
+	return nil
 }

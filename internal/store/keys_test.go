@@ -3,12 +3,15 @@ package store_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/leashq/leash/internal/pgtest"
@@ -250,59 +253,120 @@ func TestClaimKeyedFindsJobsWithoutKey(t *testing.T) {
 	}
 }
 
-// The statements of a keyed claim, prepared and run again and again, may run on generic plans
-// (PostgreSQL's choice), which must reach every job through the indexes of its key or, once
-// chosen, by its ctid: a plan that scans the queue's claim index for a key's jobs walks the
-// queue's whole backlog at every claim. Only the look for jobs without a key (alias u) walks the
-// claim index.
+// explainedConn is a connection to url on which auto_explain sends the plan of every statement,
+// those the claim's functions run included, to the client as a notice; plans returns them.
+func explainedConn(t *testing.T, url string, analyze bool) (conn *pgx.Conn, plans func() []string) {
+	t.Helper()
+	ctx := context.Background()
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var got []string
+	cfg.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
+		mu.Lock()
+		defer mu.Unlock()
+		got = append(got, n.Message)
+	}
+	conn, err = pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(ctx) })
+	for _, sql := range []string{`LOAD 'auto_explain'`, `SET auto_explain.log_min_duration = 0`,
+		`SET auto_explain.log_nested_statements = on`, `SET auto_explain.log_level = notice`,
+		fmt.Sprintf(`SET auto_explain.log_analyze = %t`, analyze), fmt.Sprintf(`SET auto_explain.log_buffers = %t`, analyze),
+		`SET auto_explain.log_timing = on`} {
+		if _, err := conn.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	return conn, func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		out := got
+		got = nil
+		return out
+	}
+}
+
+// Every statement of a keyed claim runs on its generic plan, made once per session
+// (plan_cache_mode in the claim's functions), and that plan must reach every job through the
+// indexes of its key or, once chosen, by its ctid, and the keys through their tables' indexes: a
+// plan that scans the queue's claim index for a key's jobs walks the queue's whole backlog at
+// every claim. Only the look for jobs without a key (alias u) walks the claim index. The plans
+// are the ones the claims ran (auto_explain), made before any ANALYZE: a fresh install, a table
+// autovacuum has not reached, must be as good.
 func TestClaimKeyedGenericPlans(t *testing.T) {
 	t.Parallel()
-	db := pgtest.Pool(t)
-	ctx := context.Background()
+	url := pgtest.URL(t)
+	db := pgtest.PoolFor(t, url)
 	execAll(t, db,
 		`ALTER TABLE leash.jobs SET (autovacuum_enabled = false)`,
 		`ALTER TABLE leash.concurrency_keys SET (autovacuum_enabled = false)`,
+		`ALTER TABLE leash.key_wakes SET (autovacuum_enabled = false)`,
 		`SELECT leash.set_queue_max_running_per_key('kq', 2)`,
 		`INSERT INTO leash.jobs (queue, kind, concurrency_key) SELECT 'kq', 'w', 'k' || (i % 500) FROM generate_series(1, 5000) i`,
-		`INSERT INTO leash.jobs (queue, kind) SELECT 'other', 'w' FROM generate_series(1, 5000) i`)
-	// No ANALYZE: plans made before the statistics (a fresh install, a table autovacuum has not
-	// reached) must be as good.
-	claimKeyed(t, db, "kq", 300, false)
-	for name, q := range map[string]struct {
-		sql  string
-		args []any
-	}{
-		"claim":  {store.ClaimKeyedSQL, []any{"kq", 10, "w", 60000, "m", true}},
-		"walked": {store.KeyWalkedSQL, []any{"kq", "m", 10}},
-		"wakes":  {store.KeyWakesSQL, []any{"kq", "m", 1000}},
-	} {
-		tx, err := db.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
-		if err != nil {
+		`INSERT INTO leash.jobs (queue, kind) SELECT 'other', 'w' FROM generate_series(1, 5000) i`,
+		`INSERT INTO leash.jobs (queue, kind) SELECT 'kq', 'w' FROM generate_series(1, 50) i`)
+	conn, plans := explainedConn(t, url, false)
+	ctx := context.Background()
+	claim := func(unkeyed bool) {
+		if _, err := store.ClaimKeyed(ctx, conn, store.KeyedParams{Unkeyed: unkeyed,
+			ClaimParams: store.ClaimParams{Queues: []string{"kq"}, Limit: 10, WorkerID: "w", Lease: time.Minute}}); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := tx.Exec(ctx, store.LockQueueRowSQL, "kq", "m"); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := tx.Exec(ctx, `SET LOCAL plan_cache_mode = force_generic_plan`); err != nil {
-			t.Fatal(err)
-		}
-		var plan []string
-		for range 2 { // the plan cache makes the generic plan at the first execution
-			rows, err := tx.Query(ctx, "EXPLAIN (COSTS OFF) "+q.sql, q.args...)
-			if err != nil {
-				t.Fatalf("%s: %v", name, err)
+	}
+	for range 8 { // the plan cache makes the generic plans at the first executions
+		claim(false)
+	}
+	plans()
+	claim(true)
+	execAll(t, db, `UPDATE leash.jobs SET state = 'completed', finished_at = now(), lease_token = NULL, leased_by = NULL, lease_expires_at = NULL WHERE state = 'running' AND concurrency_key IS NOT NULL`)
+	claim(false) // the completions' wakes
+	got := plans()
+	if len(got) < 10 {
+		t.Fatalf("auto_explain logged %d plans", len(got))
+	}
+	for _, plan := range got {
+		for _, l := range strings.Split(plan, "\n") {
+			bad := strings.Contains(l, "Seq Scan on jobs") || strings.Contains(l, "Seq Scan on concurrency_keys") ||
+				strings.Contains(l, "Seq Scan on key_wakes") || strings.Contains(l, "Bitmap Heap Scan on key_wakes") ||
+				(strings.Contains(l, "jobs_claimable_idx") && !strings.Contains(l+" ", " on jobs u "))
+			if bad {
+				t.Errorf("a plan of the claim walks a table: %s\n%s", strings.TrimSpace(l), plan)
 			}
-			plan, err = pgx.CollectRows(rows, pgx.RowTo[string])
-			if err != nil {
-				t.Fatal(err)
-			}
 		}
-		tx.Rollback(ctx)
-		for _, l := range plan {
-			if strings.Contains(l, "Seq Scan on jobs") ||
-				(strings.Contains(l, "jobs_claimable_idx") && !strings.HasSuffix(strings.TrimSpace(l), "on jobs u")) {
-				t.Errorf("%s: the generic plan walks the queue's jobs: %s\n%s", name, strings.TrimSpace(l), strings.Join(plan, "\n"))
-			}
+	}
+}
+
+// Keys take turns: a key whose jobs keep finishing does not keep a slot to itself while another
+// key waits. Key a has a backlog and a limit of 5, all held; b's first job is inserted after a's
+// jobs started. Each time one of a's jobs finishes, a claim of one job runs: b's job starts at the
+// second such claim at the latest (the first may go to a, whose jobs started before b's insert).
+func TestClaimKeyedKeysTakeTurns(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	execAll(t, db,
+		`SELECT leash.set_queue_max_running_per_key('kq', 5)`,
+		`INSERT INTO leash.jobs (queue, kind, concurrency_key) SELECT 'kq', 'w', 'a' FROM generate_series(1, 2000)`)
+	if got := claimKeyed(t, db, "kq", 10, false); len(got) != 5 {
+		t.Fatalf("first claim took %d jobs of a; want 5", len(got))
+	}
+	execAll(t, db, `INSERT INTO leash.jobs (queue, kind, concurrency_key) VALUES ('kq', 'w', 'b')`)
+	for round := 1; ; round++ {
+		execAll(t, db, `UPDATE leash.jobs SET state = 'completed', finished_at = now(), lease_token = NULL, leased_by = NULL,
+			lease_expires_at = NULL WHERE id = (SELECT min(id) FROM leash.jobs WHERE state = 'running')`)
+		got := claimKeyed(t, db, "kq", 1, false)
+		if len(got) != 1 {
+			t.Fatalf("claim %d took %d jobs; want 1", round, len(got))
+		}
+		if got[0].ConcurrencyKey == "b" {
+			return
+		}
+		if round == 2 {
+			t.Fatalf("b's job did not start in %d claims while a's jobs kept finishing", round)
 		}
 	}
 }
