@@ -334,20 +334,54 @@ BEGIN
 END;
 $$;
 
+-- Brings the keys of queue q woken since the last claim up to date (at most 1,000, the rest wait
+-- for the next), in a transaction of its own that holds the queue's row (mark) just before the
+-- claim's: their entries are deleted first, and the keys' jobs read after that, so that every
+-- change an entry stood for is seen; an entry of a transaction not yet committed stays for the
+-- next claim. Its own transaction, so that the claim's (whose now() is its jobs' attempted_at)
+-- counts each key's holders right after it starts.
+CREATE OR REPLACE FUNCTION leash.claim_keyed_wakes(q text, mark text) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off SET enable_bitmapscan = off SET enable_hashjoin = off SET enable_mergejoin = off
+AS $$
+DECLARE
+    per_key integer;
+    woken text[];
+BEGIN
+    SELECT qq.max_running_per_key INTO per_key
+    FROM leash.queues qq WHERE qq.name = q AND current_setting('leash.capped_claim', true) = mark;
+    IF per_key IS NULL THEN
+        RETURN;
+    END IF;
+    -- The woken keys, distinct, one descent of the index each (a key woken by every job of a
+    -- 50,000-row COPY costs one, not 50,000 entries read), passing over the entries of wakes
+    -- already deleted at the cost of an index entry each.
+    woken := ARRAY(
+        WITH RECURSIVE t(key, n) AS (
+            SELECT (SELECT min(e.key) FROM leash.key_wakes e WHERE e.queue = q AND e.key > ''), 1
+            UNION ALL
+            SELECT (SELECT min(e.key) FROM leash.key_wakes e WHERE e.queue = q AND e.key > t.key), t.n + 1
+            FROM t WHERE t.key IS NOT NULL AND t.n < 1000)
+        SELECT t.key FROM t WHERE t.key IS NOT NULL);
+    IF cardinality(woken) > 0 THEN
+        DELETE FROM leash.key_wakes w WHERE w.queue = q AND w.key = ANY (woken);
+        PERFORM leash.refresh_concurrency_keys(q, woken, per_key);
+    END IF;
+END;
+$$;
+
 -- Chooses what the claim of queue q (mark: the claim's, see above) leases, at most want jobs,
--- and returns their ctids; the claim locks and leases them (FOR UPDATE SKIP LOCKED). First the
--- keys woken since the last claim (at most 1,000, the rest wait for the next) are brought up to
--- date: their entries are deleted first, and the keys' jobs read after that, so that every change
--- an entry stood for is seen; an entry of a transaction not yet committed stays for the next
--- claim. Then the walk: the keys with something due, in the order of their rows, at most as many
+-- and returns their ctids; the claim locks and leases them (FOR UPDATE SKIP LOCKED). The walk
+-- (after leash.claim_keyed_wakes): the keys with something due, in the order of their rows, at most as many
 -- as the claim has room for; of each, the jobs that hold it and are due (they hold the key
 -- already, and are few), then, while fewer than the limit hold it, its first jobs not yet
 -- started. With unkeyed, or when jobs without a key were inserted or queued again since the last
 -- claim (an entry of key ''), the queue's jobs without a key too. Of all these, by priority first,
 -- the first job of each key comes before the second of any, keys in the order of their rows
 -- (keys take turns; jobs without a key by their run_at). Nothing while the queue is paused, and
--- no more than its max_running leaves room for. The walked keys are kept in the setting
--- leash.keyed_walked for leash.claim_keyed_done, which brings them up to date after the lease.
+-- no more than its max_running leaves room for. The walked keys and the chosen jobs are kept in
+-- settings of the transaction (leash.keyed_*) for leash.claim_keyed_done, which brings the keys up
+-- to date after the lease.
 CREATE OR REPLACE FUNCTION leash.claim_keyed_pick(q text, want integer, mark text, unkeyed boolean) RETURNS tid[]
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off SET enable_bitmapscan = off SET enable_hashjoin = off SET enable_mergejoin = off
@@ -357,32 +391,27 @@ DECLARE
     cap integer;
     paused timestamptz;
     room integer;
-    woken text[];
     walked text[];
+    held integer[];
+    waiting integer[];
     picked tid[];
+    picked_ids bigint[];
+    picked_turns integer[];
+    picked_holds boolean[];
+    spent text[];
+    redo text[];
 BEGIN
     SELECT qq.max_running_per_key, qq.max_running, qq.paused_at INTO per_key, cap, paused
     FROM leash.queues qq WHERE qq.name = q AND current_setting('leash.capped_claim', true) = mark;
-    PERFORM set_config('leash.keyed_walked', '{}', true);
+    PERFORM set_config('leash.keyed_walked', '{}', true), set_config('leash.keyed_spent', '{}', true),
+            set_config('leash.keyed_redo', '{}', true), set_config('leash.keyed_picked', '{}', true);
     IF per_key IS NULL THEN
         RETURN '{}';
     END IF;
-    -- The woken keys, distinct, one descent of the index each (a key woken by every job of a
-    -- 50,000-row COPY costs one, not 50,000 entries read), passing over the entries of wakes
-    -- already deleted at the cost of an index entry each. '' (jobs without a key) sorts first.
-    woken := ARRAY(
-        WITH RECURSIVE t(key, n) AS (
-            SELECT (SELECT min(e.key) FROM leash.key_wakes e WHERE e.queue = q AND e.key >= ''), 1
-            UNION ALL
-            SELECT (SELECT min(e.key) FROM leash.key_wakes e WHERE e.queue = q AND e.key > t.key), t.n + 1
-            FROM t WHERE t.key IS NOT NULL AND t.n < 1000)
-        SELECT t.key FROM t WHERE t.key IS NOT NULL);
-    IF cardinality(woken) > 0 THEN
-        DELETE FROM leash.key_wakes w WHERE w.queue = q AND w.key = ANY (woken);
-        IF '' = ANY (woken) THEN
-            unkeyed := true;
-        END IF;
-        PERFORM leash.refresh_concurrency_keys(q, woken, per_key);
+    -- Jobs without a key were inserted or queued again since the last claim that looked.
+    DELETE FROM leash.key_wakes w WHERE w.queue = q AND w.key = '';
+    IF FOUND THEN
+        unkeyed := true;
     END IF;
     IF paused IS NOT NULL THEN
         RETURN '{}';
@@ -399,19 +428,29 @@ BEGIN
         WHERE c.queue = q AND c.next_run_at <= now()
         ORDER BY c.next_priority, c.next_run_at, c.next_id, c.key
         LIMIT room);
-    PERFORM set_config('leash.keyed_walked', walked::text, true);
-    picked := ARRAY(
-        SELECT cand.ctid FROM (
-            SELECT s.ctid, s.priority, s.rank, w.o AS turn, s.run_at, s.id
-            FROM unnest(walked) WITH ORDINALITY AS w(key, o)
+    -- Each walked key's holders, and how many of them wait to run again.
+    SELECT coalesce(array_agg(hc.holders ORDER BY w.o), '{}'), coalesce(array_agg(hc.waiting ORDER BY w.o), '{}')
+    INTO held, waiting
+    FROM unnest(walked) WITH ORDINALITY AS w(key, o)
+    CROSS JOIN LATERAL (
+        SELECT count(*)::integer AS holders, (count(*) FILTER (WHERE h.state <> 'running'))::integer AS waiting
+        FROM leash.jobs h
+        WHERE h.queue = q AND h.concurrency_key = w.key AND h.concurrency_key IS NOT NULL
+          AND (h.state = 'running' OR (h.state IN ('available', 'retryable') AND h.attempted_at IS NOT NULL))) hc;
+    SELECT coalesce(array_agg(ch.ctid ORDER BY ch.n), '{}'), coalesce(array_agg(ch.id ORDER BY ch.n), '{}'),
+           coalesce(array_agg(ch.turn ORDER BY ch.n), '{}'), coalesce(array_agg(ch.holds ORDER BY ch.n), '{}')
+    INTO picked, picked_ids, picked_turns, picked_holds
+    FROM (
+        SELECT cand.ctid, cand.id, cand.turn, cand.holds,
+               row_number() OVER (ORDER BY cand.priority, cand.rank, cand.turn, cand.run_at, cand.id) AS n
+        FROM (
+            SELECT s.ctid, s.priority, s.rank, w.o::integer AS turn, s.run_at, s.id, s.holds
+            FROM unnest(walked, held) WITH ORDINALITY AS w(key, holders, o)
             CROSS JOIN LATERAL (
-                SELECT count(*) AS holders FROM leash.jobs h
-                WHERE h.queue = q AND h.concurrency_key = w.key AND h.concurrency_key IS NOT NULL
-                  AND (h.state = 'running' OR (h.state IN ('available', 'retryable') AND h.attempted_at IS NOT NULL))) hc
-            CROSS JOIN LATERAL (
-                SELECT g.ctid, g.priority, g.run_at, g.id, row_number() OVER (ORDER BY g.priority, g.run_at, g.id) AS rank
+                SELECT g.ctid, g.priority, g.run_at, g.id, g.holds,
+                       row_number() OVER (ORDER BY g.priority, g.run_at, g.id) AS rank
                 FROM (
-                    (SELECT a.ctid, a.priority, a.run_at, a.id FROM leash.jobs a
+                    (SELECT a.ctid, a.priority, a.run_at, a.id, true AS holds FROM leash.jobs a
                      WHERE a.queue = q AND a.concurrency_key = w.key AND a.concurrency_key IS NOT NULL
                        AND (a.state = 'running' OR (a.state IN ('available', 'retryable') AND a.attempted_at IS NOT NULL))
                        AND a.state IN ('available', 'retryable') AND a.attempted_at IS NOT NULL
@@ -419,35 +458,65 @@ BEGIN
                      ORDER BY a.priority, a.run_at, a.id
                      LIMIT room)
                     UNION ALL
-                    (SELECT f.ctid, f.priority, f.run_at, f.id FROM leash.jobs f
+                    (SELECT f.ctid, f.priority, f.run_at, f.id, false FROM leash.jobs f
                      WHERE f.queue = q AND f.concurrency_key = w.key AND f.concurrency_key IS NOT NULL
                        AND f.state IN ('available', 'retryable') AND f.attempted_at IS NULL
                        AND f.run_at <= now() AND f.revoked_at IS NULL
                      ORDER BY f.priority, f.run_at, f.id
-                     LIMIT least(room, greatest(per_key - hc.holders, 0)))) g) s
+                     LIMIT least(room, greatest(per_key - w.holders, 0)))) g) s
             UNION ALL
-            SELECT uk.ctid, uk.priority, row_number() OVER (ORDER BY uk.priority, uk.run_at, uk.id), 0, uk.run_at, uk.id
+            SELECT uk.ctid, uk.priority, row_number() OVER (ORDER BY uk.priority, uk.run_at, uk.id), 0, uk.run_at, uk.id, false
             FROM (SELECT u.ctid, u.priority, u.run_at, u.id FROM leash.jobs u
                   WHERE unkeyed AND u.queue = q AND u.state IN ('available', 'retryable') AND u.concurrency_key IS NULL
                     AND u.run_at <= now() AND u.revoked_at IS NULL
                   ORDER BY u.priority, u.run_at, u.id
                   LIMIT room) uk) cand
         ORDER BY cand.priority, cand.rank, cand.turn, cand.run_at, cand.id
-        LIMIT room);
+        LIMIT room) ch;
+    -- Once every chosen job is leased (leash.claim_keyed_done checks), a walked key whose holders
+    -- then reach the limit, none of them waiting to run again, has nothing to claim: its row goes
+    -- without reading its jobs again. Any other walked key is brought up to date in full.
+    SELECT coalesce(array_agg(x.key) FILTER (WHERE x.spent), '{}'), coalesce(array_agg(x.key) FILTER (WHERE NOT x.spent), '{}')
+    INTO spent, redo
+    FROM (
+        SELECT w.key, w.waiting - coalesce(t.resumed, 0) = 0 AND w.holders + coalesce(t.taken, 0) >= per_key AS spent
+        FROM unnest(walked, held, waiting) WITH ORDINALITY AS w(key, holders, waiting, o)
+        LEFT JOIN (
+            SELECT c.turn, count(*) FILTER (WHERE NOT c.holds) AS taken, count(*) FILTER (WHERE c.holds) AS resumed
+            FROM unnest(picked_turns, picked_holds) AS c(turn, holds) GROUP BY c.turn) t ON t.turn = w.o) x;
+    PERFORM set_config('leash.keyed_walked', walked::text, true),
+            set_config('leash.keyed_spent', spent::text, true),
+            set_config('leash.keyed_redo', redo::text, true),
+            set_config('leash.keyed_picked', picked_ids::text, true);
     RETURN picked;
 END;
 $$;
 
 -- After the claim's lease, in the same transaction: brings the keys leash.claim_keyed_pick walked
--- up to date.
+-- up to date. When every job it chose was leased, the keys it found spent (at their limit, no
+-- holder waiting to run again) lose their rows without a look at their jobs; otherwise, and for
+-- the other keys, their jobs are read again.
 CREATE OR REPLACE FUNCTION leash.claim_keyed_done(q text, mark text) RETURNS void
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET plan_cache_mode = force_generic_plan AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off SET enable_bitmapscan = off SET enable_hashjoin = off SET enable_mergejoin = off
+AS $$
 DECLARE
     per_key integer;
+    ids bigint[];
+    spent text[];
 BEGIN
     SELECT qq.max_running_per_key INTO per_key
     FROM leash.queues qq WHERE qq.name = q AND current_setting('leash.capped_claim', true) = mark;
-    IF per_key IS NOT NULL THEN
+    IF per_key IS NULL THEN
+        RETURN;
+    END IF;
+    ids := coalesce(nullif(current_setting('leash.keyed_picked', true), ''), '{}')::bigint[];
+    spent := coalesce(nullif(current_setting('leash.keyed_spent', true), ''), '{}')::text[];
+    IF cardinality(spent) > 0 AND (SELECT count(*) FROM leash.jobs j
+                                  WHERE j.id = ANY (ids) AND j.state = 'running' AND j.attempted_at = now()) = cardinality(ids) THEN
+        DELETE FROM leash.concurrency_keys c WHERE c.queue = q AND c.key = ANY (spent);
+        PERFORM leash.refresh_concurrency_keys(q, coalesce(nullif(current_setting('leash.keyed_redo', true), ''), '{}')::text[], per_key);
+    ELSE
         PERFORM leash.refresh_concurrency_keys(q, coalesce(nullif(current_setting('leash.keyed_walked', true), ''), '{}')::text[], per_key);
     END IF;
 END;

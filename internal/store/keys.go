@@ -31,6 +31,10 @@ var claimKeyedSQL = fmt.Sprintf(`
 		FOR UPDATE OF j SKIP LOCKED
 	)`+claimTail, claimTraceContextBytes)
 
+// claimKeyedWakesSQL brings the keys woken since the last claim up to date, in a transaction of
+// its own holding the queue's row (mark $2) just before the claim's.
+const claimKeyedWakesSQL = `SELECT leash.claim_keyed_wakes($1, $2)`
+
 // claimKeyedDoneSQL brings the keys the claim walked up to date, after it leased their jobs.
 const claimKeyedDoneSQL = `SELECT leash.claim_keyed_done($1, $2)`
 
@@ -45,9 +49,10 @@ type KeyedParams struct {
 
 // ClaimKeyed leases up to p.Limit runnable jobs of p.Queues[0], a queue with a per-key limit
 // (max_running_per_key): never so many that more than that many jobs of one key hold it across
-// all workers, nor more than the queue's max_running run; none while it is paused. One READ
-// COMMITTED transaction, in one round trip: the queue's row, then the claim (which first brings
-// the keys woken since the last claim up to date), and the walked keys brought up to date. It returns ErrQueueBusy, having
+// all workers, nor more than the queue's max_running run; none while it is paused. Two READ
+// COMMITTED transactions, in one round trip, each holding the queue's row: the first brings the
+// keys woken since the last claim up to date; the second claims and brings the walked keys up to
+// date. It returns ErrQueueBusy, having
 // claimed nothing, when the queue's row is held.
 func ClaimKeyed(ctx context.Context, db Batcher, p KeyedParams) ([]ClaimedJob, error) {
 	if len(p.Queues) != 1 {
@@ -55,6 +60,15 @@ func ClaimKeyed(ctx context.Context, db Batcher, p KeyedParams) ([]ClaimedJob, e
 	}
 	q := p.Queues[0]
 	b := &pgx.Batch{}
+	// The woken keys, in a transaction of their own (see leash.claim_keyed_wakes); what it writes
+	// is derived from leash.jobs and redone should it be lost, so its commit does not wait for
+	// the disk.
+	b.Queue(`BEGIN ISOLATION LEVEL READ COMMITTED, READ WRITE`)
+	b.Queue(`SET LOCAL synchronous_commit = off`)
+	wakeMark := strconv.FormatUint(rand.Uint64(), 36)
+	b.Queue(lockQueueRowSQL, q, wakeMark)
+	b.Queue(claimKeyedWakesSQL, q, wakeMark)
+	b.Queue(`COMMIT`)
 	b.Queue(`BEGIN ISOLATION LEVEL READ COMMITTED, READ WRITE`)
 	mark := strconv.FormatUint(rand.Uint64(), 36)
 	b.Queue(lockQueueRowSQL, q, mark)
@@ -63,8 +77,10 @@ func ClaimKeyed(ctx context.Context, db Batcher, p KeyedParams) ([]ClaimedJob, e
 	b.Queue(`COMMIT`)
 	br := db.SendBatch(ctx, b)
 	defer br.Close()
-	if _, err := br.Exec(); err != nil {
-		return nil, fmt.Errorf("claim jobs of queue %q: begin: %w", q, err)
+	for _, step := range []string{"begin", "set synchronous_commit", "lock the queue's row", "bring woken keys up to date", "commit", "begin"} {
+		if _, err := br.Exec(); err != nil {
+			return nil, fmt.Errorf("claim jobs of queue %q: %s: %w", q, step, err)
+		}
 	}
 	tag, err := br.Exec()
 	if err != nil {

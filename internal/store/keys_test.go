@@ -370,3 +370,25 @@ func TestClaimKeyedKeysTakeTurns(t *testing.T) {
 		}
 	}
 }
+
+// A key the claim took a job of keeps its place while it has room, or a job that holds it waits to
+// run again: the claim brings the keys it walked up to date itself (no trigger wakes a key for a
+// claim), reading their jobs again unless the key is at its limit with no holder waiting.
+func TestClaimKeyedKeepsKeysWithRoom(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	execAll(t, db,
+		`SELECT leash.set_queue_max_running_per_key('kq', 2)`,
+		`INSERT INTO leash.jobs (queue, kind, concurrency_key) SELECT 'kq', 'w', 'k' FROM generate_series(1, 3)`)
+	for i, want := range [][]int64{{1}, {2}, nil} {
+		if got := claimedIDs(claimKeyed(t, db, "kq", 1, false)); !slices.Equal(got, want) {
+			t.Fatalf("claim %d took %v; want %v", i+1, got, want)
+		}
+	}
+	// At its limit, with one holder waiting to retry: the retry is the key's next.
+	execAll(t, db, `UPDATE leash.jobs SET state = 'retryable', lease_token = NULL, leased_by = NULL, lease_expires_at = NULL WHERE id = 1`)
+	execAll(t, db, `INSERT INTO leash.jobs (queue, kind, concurrency_key) VALUES ('kq', 'w', 'k2')`)
+	if got := claimedIDs(claimKeyed(t, db, "kq", 2, false)); !slices.Equal(got, []int64{1, 4}) {
+		t.Fatalf("claim after the retry took %v; want [1 4]", got)
+	}
+}
