@@ -15,7 +15,7 @@ import (
 
 var (
 	flagKeys      = flag.Int("keys", 100000, "distinct keys of the keys scenario's claim-cost measurement (half of them at their limit)")
-	flagKeysParts = flag.String("keys-parts", "claim,burn,triggers,turns", "comma-separated parts of the keys scenario: claim, burn, triggers (a burn-down without limits with and without migration 017's row triggers), turns (a new key's first job beside a key's backlog)")
+	flagKeysParts = flag.String("keys-parts", "claim,burn,triggers,turns", "comma-separated parts of the keys scenario: claim, burn, triggers (a burn-down without limits with and without migration 025's row triggers), turns (a new key's first job beside a key's backlog)")
 )
 
 // keys measures what per-key concurrency (max_running_per_key) costs. First, the claim: the mean
@@ -142,7 +142,7 @@ func (b *bench) keysBurn(ctx context.Context) {
 	})
 }
 
-// keysTriggers measures what migration 017's row triggers on leash.jobs cost a queue without
+// keysTriggers measures what migration 025's row triggers on leash.jobs cost a queue without
 // limits: the burn-down of -jobs no-op jobs, 100 workers, with the triggers and with them dropped,
 // interleaved.
 func (b *bench) keysTriggers(ctx context.Context) {
@@ -164,8 +164,8 @@ func (b *bench) keysTriggers(ctx context.Context) {
 		return float64(n) / leashDrain(ctx, newLeash(db, 100, cnt, nil), cnt).Seconds()
 	}
 	b.trials(scenario, "jobs/s", "jobs/s", []trial{
-		{system: "leash without 017's triggers", higherBetter: true, run: func() float64 { return burn(true) }},
-		{system: "leash", higherBetter: true, baseline: []string{"leash without 017's triggers"}, run: func() float64 { return burn(false) }},
+		{system: "leash without 025's triggers", higherBetter: true, run: func() float64 { return burn(true) }},
+		{system: "leash", higherBetter: true, baseline: []string{"leash without 025's triggers"}, run: func() float64 { return burn(false) }},
 	})
 }
 

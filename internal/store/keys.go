@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// Per-key concurrency (migration 017). A job holds its key (leash.jobs.concurrency_key) from its
+// Per-key concurrency (migration 025). A job holds its key (leash.jobs.concurrency_key) from its
 // first start until it is finished: while it runs and while, started, it waits to run again
 // (attempted_at is set). A queue with max_running_per_key is claimed by ClaimKeyed alone, under
 // the queue's row as a capped queue is, so that the claims of the queue run one at a time across
@@ -19,7 +19,7 @@ import (
 // never walks the jobs of a key at its limit.
 
 // claimKeyedSQL claims from a queue with a per-key limit, after lockQueueRowSQL (mark $5) in
-// the same READ COMMITTED transaction: leash.claim_keyed_pick (migration 017) chooses the jobs,
+// the same READ COMMITTED transaction: leash.claim_keyed_pick (migration 025) chooses the jobs,
 // at most $2, in statements planned once per session; this statement locks them by ctid (a job
 // another transaction holds is passed over, never the one after it taken in its place, so a key's
 // order holds; a row changed since has another ctid and is passed over too) and leases them. $6:

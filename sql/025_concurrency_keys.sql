@@ -1,4 +1,4 @@
--- leash 017: per-key concurrency. A job may carry a concurrency_key (a customer, a tenant, an
+-- leash 025: per-key concurrency. A job may carry a concurrency_key (a customer, a tenant, an
 -- account); a queue may set max_running_per_key: at most that many jobs of one key of the queue
 -- hold the key at once across all workers. A job holds its key from its first start until it is
 -- finished (completed, failed, cancelled): while it runs, and while it waits to run again (to
