@@ -28,7 +28,7 @@ import (
 
 var (
 	flagJobs  = flag.Int("jobs", 50000, "jobs in each burn-down")
-	flagOnly  = flag.String("only", "", "comma-separated scenarios to run (burn,burn2000,capped,keys,producers,steady,pickup,revoke,heartbeat,scale,memory,ablation,fleet; sustained runs only when named)")
+	flagOnly  = flag.String("only", "", "comma-separated scenarios to run (burn,burn2000,capped,keys,producers,steady,pickup,revoke,heartbeat,scale,memory,ablation,fleet,workflow; sustained and cpu run only when named)")
 	flagFsync = flag.Bool("fsync", true, "run the private cluster with durable commits (fsync on), as production databases run; false for the old, faster setting")
 )
 
@@ -130,6 +130,9 @@ func main() {
 	if only["sustained"] {
 		b.sustained(ctx) // minutes long: only when asked for
 	}
+	if only["cpu"] {
+		b.cpuPerJob(ctx) // a measurement of the hot path's cost: only when asked for
+	}
 	run("pickup", b.pickup)
 	run("revoke", b.revocation)
 	run("heartbeat", b.heartbeat)
@@ -137,6 +140,7 @@ func main() {
 	run("memory", b.memory)
 	run("ablation", b.ablation)
 	run("fleet", b.fleet)
+	run("workflow", b.workflows)
 	b.print()
 }
 

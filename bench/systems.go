@@ -207,7 +207,7 @@ func rawFloor(ctx context.Context, db *pgxpool.Pool, n int) time.Duration {
 			fail(err)
 		}
 		if len(jobs) == 0 && time.Since(began) > time.Minute {
-			fail(fmt.Errorf("raw floor: nothing claimed after %s with %d of %d done", time.Since(began), done, n))
+			fail(fmt.Errorf("leash statements, serial: nothing claimed after %s with %d of %d done", time.Since(began), done, n))
 		}
 		outs := make([]store.Outcome, len(jobs))
 		for i, j := range jobs {

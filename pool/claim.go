@@ -72,21 +72,26 @@ func (p *Pool) claimLoop(ctx context.Context) {
 				}
 				if s.returned(r) {
 					p.gate.found()
-					w.unregister()
+					if s.stayWaiting(w.registered, time.Now()) {
+						w.rearm(ctx)
+					} else {
+						w.unregister()
+					}
 				} else if r.err == nil && !r.busy {
 					w.rearm(ctx)
 				}
 			case <-p.wake:
 				s.notified()
 			case <-p.slotWake:
-				s.claimNow = true
+				// A waiting loop claims when woken: every job inserted since it registered wakes it.
+				s.claimNow = s.claimNow || !w.registered
 			case <-poll.C:
 				poll.Reset(p.jitteredPoll())
 				p.scan.polled()
 				if w.registered {
 					w.register(ctx)
 				}
-				s.claimNow = true
+				s.notified() // claim once the claims in flight return, whatever they found
 			case <-gatherEnd:
 				s.claimNow = true
 			}
@@ -112,20 +117,39 @@ func (p *Pool) claimLoop(ctx context.Context) {
 		if recheck > 0 {
 			idle.Reset(recheck)
 		}
+		claim := true
 		select {
 		case <-ctx.Done():
 			return
 		case <-p.wake:
+			if w.registered {
+				// A waiting loop claims only when woken: start from the front, so that a job
+				// ahead of the cursor (a higher priority, an earlier run_at) is found now.
+				p.scan.polled()
+			}
 		case <-p.slotWake:
+			// A freed slot calls for a claim only from a loop not waiting for wake-ups: one that
+			// waits is woken for every job inserted since it registered, and for its own retries
+			// (requeued).
+			claim = !w.registered
 		case <-idle.C:
 		case <-poll.C:
 			poll.Reset(p.jitteredPoll())
 			p.scan.polled()
 			if w.registered {
-				w.register(ctx) // refresh before it expires
+				// Refresh before it expires; claim unless other waiters claimed for their polls.
+				claim = w.polled(ctx)
+				if !claim && p.queues.anyPaused(p.cfg.Queues) {
+					// The registration leaves paused queues out, so no insert wakes this pool for
+					// one resumed while the notification was lost: read the view now, and claim
+					// if it changed.
+					p.queues.stale.Store(true)
+					p.refreshQueues(ctx)
+					claim = w.stale()
+				}
 			}
 		}
-		s.claimNow, s.woken = true, false
+		s.claimNow, s.woken = claim, false
 		if recheck > 0 {
 			idle.Stop()
 		}
@@ -144,11 +168,38 @@ type claimState struct {
 	saturated   bool      // the last claim took every slot it asked for: jobs are waiting
 	busy        int       // claims in a row that found nothing but a capped queue's row held
 	gatherUntil time.Time // when the current gathering of free slots ends; zero when none
+	// light: the loop found work while waiting for wake-ups and waits on (see stayWaiting);
+	// lightAt is when it last did.
+	light   bool
+	lightAt time.Time
+}
+
+// lightGap is the shortest time between two claims that find work for a waiting loop to go on
+// waiting for wake-ups rather than claim on its own: work that comes faster is claimed in
+// flight, with no notification per insert.
+const lightGap = 10 * time.Millisecond
+
+// stayWaiting decides, after a claim that found work, whether the loop goes on waiting for
+// wake-ups (true: it stays registered and re-arms) or works on its own (false: it unregisters
+// and claims again at once). It stays while work is light: it was registered, the claim did not
+// take every slot it asked for (so nothing more was claimable), and the last such claim was at
+// least lightGap ago. Staying saves the claims of the way back to waiting (the polls of
+// WaitAfter, the registration's re-checks) for every job of a trickle; an insert committed
+// after the claim's snapshot still wakes the loop, as it is registered (sql/019_wake_races.sql).
+func (s *claimState) stayWaiting(registered bool, now time.Time) bool {
+	stay := registered && !s.saturated && now.Sub(s.lightAt) >= lightGap
+	s.light = stay
+	if stay {
+		s.lightAt = now
+		// Claim again only for a notification that came while the claim ran.
+		s.claimNow, s.woken = s.woken, false
+	}
+	return stay
 }
 
 // parallel is how many claims to keep in flight: several while work flows, one otherwise.
 func (s *claimState) parallel(p *Pool) int {
-	if s.idleSince.IsZero() && !s.failed && !p.queues.anyCapped() {
+	if s.idleSince.IsZero() && !s.light && !s.failed && !p.queues.anyCapped() {
 		return p.cfg.Engine.ClaimsInFlight
 	}
 	return 1
@@ -222,8 +273,9 @@ func (s *claimState) recheck(p *Pool, w *waiting, full, waited, gathering bool) 
 	case full || s.failed || s.idleSince.IsZero():
 		return 0
 	case !w.registered && waited:
-		// Registering failed (and is tried again at the next poll): poll, not spin.
-		return 0
+		// Registering failed: claim and try again when it is due (backing off up to the poll
+		// interval), not spin.
+		return max(time.Until(w.retryAt), time.Millisecond)
 	case !w.registered:
 		return p.cfg.Engine.IdlePollInterval
 	case w.rechecks < registeredRechecks:
@@ -320,6 +372,10 @@ func (c *claimsInFlight) wait() {
 // registeredRechecks is how many claims follow a fresh registration at 1, 2, 4, ... ms.
 const registeredRechecks = 6
 
+// ownPollEvery: every ownPollEvery-th poll of a waiting loop claims even when other waiters'
+// polls cover its queues, so a forged poll time in leash.waiters delays nothing for longer.
+const ownPollEvery = 10
+
 // waiting is the claim loop's registration as a worker waiting for work.
 type waiting struct {
 	p          *Pool
@@ -327,7 +383,13 @@ type waiting struct {
 	rechecks   int       // claims made since the registration (see registeredRechecks)
 	retryAt    time.Time // after a failed registration, when to try again
 	key        string    // the queue view's waitable key at the registration
+	polls      int       // polls since the registration
+	failing    bool      // the last registration failed (and was warned about)
+	failures   int       // registrations failed in a row
 }
+
+// registerRetryMin is how soon a failed registration is tried again the first time.
+const registerRetryMin = 50 * time.Millisecond
 
 // stale reports whether the queues to wait on have changed in the view since the registration.
 func (w *waiting) stale() bool {
@@ -337,6 +399,25 @@ func (w *waiting) stale() bool {
 
 // register records (or refreshes) the registration; false when it could not.
 func (w *waiting) register(ctx context.Context) bool {
+	ok, _ := w.registerFor(ctx, false)
+	return ok
+}
+
+// polled refreshes the registration at a poll and reports whether the poll should claim: not
+// when, within half a poll interval, other waiters of each of the pool's queues claimed for a
+// poll of theirs (their claims found what a poll looks for: jobs no notification announced), so
+// that an idle fleet claims about twice per poll interval, not once per worker. It always
+// claims while the pool's listener is down (wakes may be lost), at every ownPollEvery-th poll,
+// and when the refresh fails.
+func (w *waiting) polled(ctx context.Context) bool {
+	w.polls++
+	_, claim := w.registerFor(ctx, true)
+	return claim
+}
+
+// registerFor is register; atPoll: the refresh is a poll's (see polled), and claim says whether
+// it should claim.
+func (w *waiting) registerFor(ctx context.Context, atPoll bool) (ok, claim bool) {
 	p := w.p
 	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -345,23 +426,37 @@ func (w *waiting) register(ctx context.Context) bool {
 	queues, key := p.queues.waitable(p.cfg.Queues)
 	// Pickable by inserts (see wake.go) only while the listener can hear the wake.
 	armed := p.listener.Connected()
-	wake := store.Wake{Channel: p.wakeChannel, Slots: p.cfg.Concurrency - int(p.active.Load()), Armed: armed}
-	err := store.RegisterWaker(sctx, p.control(), p.waiterID, queues, 3*p.cfg.PollInterval+time.Second, wake)
+	wake := store.Wake{Channel: p.wakeChannel, Slots: p.cfg.Concurrency - int(p.active.Load()), Armed: armed, Poll: atPoll}
+	if atPoll && armed && w.polls%p.ownPollEvery != 0 {
+		wake.PollWindow = p.cfg.PollInterval / 2
+	}
+	claim, err := store.RegisterWaker(sctx, p.control(), p.waiterID, queues, 3*p.cfg.PollInterval+time.Second, wake)
 	if err != nil {
 		if ctx.Err() == nil {
-			p.log.WarnContext(ctx, "registering as waiting for work failed; polling instead", slog.Any("err", err))
+			// Warned once until a registration succeeds again (a row held by a forgotten
+			// transaction would fail every one).
+			level := slog.LevelDebug
+			if !w.failing {
+				level = slog.LevelWarn
+			}
+			p.log.Log(ctx, level, "registering as waiting for work failed; polling instead", slog.Any("err", err))
 		}
-		w.retryAt = time.Now().Add(p.cfg.PollInterval)
-		return false
+		// Tried again soon (a lock held for a moment, a vacuum truncating the table), then less
+		// and less often, up to once per poll interval.
+		w.retryAt = time.Now().Add(min(registerRetryMin<<min(w.failures, 16), p.cfg.PollInterval))
+		w.failing = true
+		w.failures++
+		return false, true
 	}
+	w.failing, w.failures = false, 0
 	if !w.registered {
-		w.rechecks = 0
+		w.rechecks, w.polls = 0, 0
 	}
 	// Not armed: the first claim that finds nothing once the listener is connected (it wakes the
 	// claim loop when it connects) arms it.
 	p.picked.Store(!armed)
 	w.registered, w.key = true, key
-	return true
+	return true, claim
 }
 
 // rearm makes the registration pickable again after an insert picked it and the claim that
@@ -737,7 +832,11 @@ func (p *Pool) startAll(jobs []store.ClaimedJob, sentAt time.Time) {
 
 // takeOutcomes takes the outcomes waiting for the finisher, without waiting.
 func (p *Pool) takeOutcomes() []finishItem {
-	var items []finishItem
+	n := min(len(p.finishCh), finishBatch)
+	if n == 0 {
+		return nil
+	}
+	items := make([]finishItem, 0, n) // more may come meanwhile: append makes room
 	for len(items) < finishBatch {
 		select {
 		case it := <-p.finishCh:

@@ -13,6 +13,7 @@ import (
 func TestConstantsMatchStore(t *testing.T) {
 	t.Parallel()
 	for name, c := range map[string][2]any{
+		"StatePending":          {StatePending, store.StatePending},
 		"StateAvailable":        {StateAvailable, store.StateAvailable},
 		"StateRunning":          {StateRunning, store.StateRunning},
 		"StateRetryable":        {StateRetryable, store.StateRetryable},

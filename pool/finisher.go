@@ -94,14 +94,38 @@ func (p *Pool) flush(batch []finishItem) {
 // the others as settleMissing decides.
 func (p *Pool) settleAll(items []finishItem, written map[int64]string) {
 	var missing []finishItem
+	var due map[time.Duration]bool // when the jobs made claimable again are due, to the millisecond
 	for _, it := range items {
 		if state, ok := written[it.out.ID]; ok {
 			p.settle(it, state, true)
+			if state == store.StateRetryable || state == store.StateAvailable {
+				if due == nil {
+					due = map[time.Duration]bool{}
+				}
+				due[(max(it.out.RunIn, 0) + time.Millisecond - 1).Truncate(time.Millisecond)] = true
+			}
 		} else {
 			missing = append(missing, it)
 		}
 	}
+	for in := range due {
+		p.requeued(in)
+	}
 	p.settleMissing(missing)
+}
+
+// requeued wakes the claim loop for a job this pool has just made claimable again (a retry, a
+// snooze, a hand-back) once it is due, in (from its write), when that is sooner than the next
+// poll: no insert notifies anyone of it, and a claim loop waiting for wake-ups would otherwise
+// leave it to the poll. in is the delay as the write stores it (rounded up to the millisecond);
+// the wake comes a millisecond after it, never before the job is due.
+func (p *Pool) requeued(in time.Duration) {
+	switch {
+	case in <= 0:
+		p.poke(p.wake)
+	case in < p.cfg.PollInterval:
+		time.AfterFunc(in+time.Millisecond, func() { p.poke(p.wake) })
+	}
 }
 
 // settleMissing settles outcomes a fenced write did not write: the claim lost the job (stale),

@@ -128,6 +128,7 @@ func TestMultiRowInsertWakesEnoughPools(t *testing.T) {
 		return nil
 	})})
 	defer close(release)
+	settle(t, ps) // past the claims that follow each registration, which would find jobs unwoken
 	params := make([]pool.InsertManyParams, 5)
 	for i := range params {
 		params[i].Kind = "hold"

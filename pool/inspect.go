@@ -21,6 +21,7 @@ import (
 
 // The states of a job (leash.jobs.state).
 const (
+	StatePending   = "pending"   // in a workflow, waiting for its dependencies to complete
 	StateAvailable = "available" // waiting to run (run_at may be in the future)
 	StateRunning   = "running"   // under a lease
 	StateRetryable = "retryable" // failed an attempt, waiting for the next
@@ -31,7 +32,7 @@ const (
 
 // States lists every job state, queued ones first.
 func States() []string {
-	return []string{StateAvailable, StateRunning, StateRetryable, StateCompleted, StateFailed, StateCancelled}
+	return []string{StatePending, StateAvailable, StateRunning, StateRetryable, StateCompleted, StateFailed, StateCancelled}
 }
 
 // ErrJobNotFound: no job has the id asked for (it never existed or retention deleted it).

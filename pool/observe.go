@@ -11,6 +11,10 @@ import (
 // (and counted in Stats.EventsDropped) rather than held in memory without end.
 const maxQueuedEvents = 1 << 16
 
+// reusedEvents is the largest queue array kept for the next events once every event in it was
+// delivered.
+const reusedEvents = 4096
+
 // observerEvent is one call owed to the Observer.
 type observerEvent struct {
 	started bool // JobStarted, else JobFinished
@@ -26,7 +30,8 @@ type eventQueue struct {
 	log      *slog.Logger
 
 	mu        sync.Mutex
-	queue     []observerEvent
+	queue     []observerEvent // from head on: the events not yet delivered
+	head      int
 	closed    bool
 	abandoned bool // close gave up waiting: nothing more is delivered
 	wake      chan struct{}
@@ -58,13 +63,19 @@ func (e *eventQueue) emit(started bool, ev JobEvent) {
 		return
 	}
 	e.mu.Lock()
-	if e.closed || len(e.queue) >= maxQueuedEvents {
+	if e.closed || len(e.queue)-e.head >= maxQueuedEvents {
 		closed := e.closed
 		e.mu.Unlock()
 		if !closed {
 			e.drop()
 		}
 		return
+	}
+	if len(e.queue) == cap(e.queue) && e.head > 0 {
+		// Full: move the events not yet delivered to the front rather than grow the array.
+		n := copy(e.queue, e.queue[e.head:])
+		clear(e.queue[n:])
+		e.queue, e.head = e.queue[:n], 0
 	}
 	e.queue = append(e.queue, observerEvent{started: started, ev: ev})
 	e.mu.Unlock()
@@ -93,9 +104,13 @@ func (e *eventQueue) run() {
 			e.mu.Unlock()
 			return
 		}
-		if len(e.queue) == 0 {
+		if e.head == len(e.queue) {
+			// Delivered: the array is used again (a small one: a burst's is let go).
 			closed := e.closed
-			e.queue = nil
+			e.queue, e.head = e.queue[:0], 0
+			if cap(e.queue) > reusedEvents {
+				e.queue = nil
+			}
 			e.mu.Unlock()
 			if closed {
 				return
@@ -103,9 +118,9 @@ func (e *eventQueue) run() {
 			<-e.wake
 			continue
 		}
-		oe := e.queue[0]
-		e.queue[0] = observerEvent{}
-		e.queue = e.queue[1:]
+		oe := e.queue[e.head]
+		e.queue[e.head] = observerEvent{}
+		e.head++
 		e.mu.Unlock()
 		e.deliver(oe)
 	}
@@ -161,8 +176,8 @@ func (e *eventQueue) close(wait time.Duration, stop <-chan struct{}, after time.
 func (e *eventQueue) abandon() int {
 	e.mu.Lock()
 	e.abandoned = true
-	n := len(e.queue)
-	e.queue = nil
+	n := len(e.queue) - e.head
+	e.queue, e.head = nil, 0
 	e.mu.Unlock()
 	e.dropped.Add(int64(n))
 	return n

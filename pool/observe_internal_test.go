@@ -77,3 +77,32 @@ func TestEventQueueBoundOrderAndPanic(t *testing.T) {
 		}
 	}
 }
+
+// Events keep their order when the queue moves those not yet delivered to the front of its
+// array instead of growing it, and the array is used again once everything was delivered.
+func TestEventQueueKeepsOrderWhenItReusesItsArray(t *testing.T) {
+	t.Parallel()
+	entered := make(chan struct{})
+	obs := &gatedObserver{entered: entered, release: make(chan struct{})}
+	e := newEventQueue(obs, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	e.emit(false, JobEvent{Kind: "first"})
+	e.emit(false, JobEvent{Kind: "a"}) // an array of two, full
+	go e.run()
+	<-entered // the first is being delivered: the next event moves "a" to the array's front
+	for _, k := range []string{"b", "c"} {
+		e.emit(false, JobEvent{Kind: k})
+	}
+	close(obs.release)
+	if ok, _ := e.close(10*time.Second, nil, 0); !ok {
+		t.Fatal("close did not deliver the queued events")
+	}
+	want := []string{"finish:first", "finish:a", "finish:b", "finish:c"}
+	if len(obs.seen) != len(want) {
+		t.Fatalf("delivered %v, want %v", obs.seen, want)
+	}
+	for i := range want {
+		if obs.seen[i] != want[i] {
+			t.Fatalf("delivered %v, want %v", obs.seen, want)
+		}
+	}
+}

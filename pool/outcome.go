@@ -140,5 +140,13 @@ func endedBy(cause, err error) string {
 	case msg == context.Canceled.Error() || msg == context.DeadlineExceeded.Error():
 		return c
 	}
+	// The handler's error names the cause's kind already (a Fence that found the job revoked
+	// says "job revoked"), but not its details: say the kind once, the details after it.
+	for _, kind := range []error{lease.ErrRevoked, lease.ErrRenewalTimeout, ErrTimeout} {
+		k := kind.Error()
+		if rest, ok := strings.CutPrefix(c, k); ok && errors.Is(cause, kind) && strings.Contains(msg, k) {
+			return msg + " (" + strings.TrimLeft(rest, ": ") + ")"
+		}
+	}
 	return c + ": " + msg
 }

@@ -33,6 +33,11 @@ func TestEndingSaysItsCauseOnce(t *testing.T) {
 		{timeout, timeout, "job timed out after 50ms"},
 		{timeout, context.DeadlineExceeded, "job timed out after 50ms"},
 		{timeout, errors.New("boom"), "job timed out after 50ms: boom"},
+		// A fence that found the row revoked says "job revoked" with no reason, while the
+		// notification's revocation (with its reason) ended the lease.
+		{notified, fmt.Errorf("effect: fence job 1 token 2: %w: %w", ErrFenced, lease.ErrRevoked),
+			"effect: fence job 1 token 2: " + ErrFenced.Error() + ": job revoked (by NOTIFY job_revoked)"},
+		{timeout, fmt.Errorf("call: %w", ErrTimeout), "call: job timed out (after 50ms)"},
 	} {
 		out, write := decide(1, 2, "w", ending{err: tc.err, cause: tc.cause, attempt: 1, maxAttempts: 5,
 			backoff: func(int) time.Duration { return 0 }})

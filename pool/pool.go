@@ -87,14 +87,16 @@ type Pool struct {
 	active      atomic.Int64  // handler goroutines not yet returned (each holds one errgroup slot)
 	group       errgroup.Group
 	jobsCtx     context.Context
-	revocations *recorder     // writes notified revocations into their rows
-	waiterID    string        // this pool's name in leash.waiters
-	wakeChannel string        // the channel only this pool LISTENs on, for inserts that pick it
-	picked      atomic.Bool   // an insert picked this pool (a wake on wakeChannel) since it last re-armed
-	gate        wakeGate      // holds back notifications that keep leading to nothing
-	queues      queueView     // leash.queues as last read, for routing claims
-	scan        claimScan     // where the next claim of a single queue starts
-	unkeyed     unkeyedProbes // when the claims of queues with a per-key limit look for jobs without a key
+	revocations *recorder   // writes notified revocations into their rows
+	waiterID    string      // this pool's name in leash.waiters
+	wakeChannel string      // the channel only this pool LISTENs on, for inserts that pick it
+	picked      atomic.Bool // an insert picked this pool (a wake on wakeChannel) since it last re-armed
+	// ownPollEvery is ownPollEvery, for this pool (tests raise it).
+	ownPollEvery int
+	gate         wakeGate      // holds back notifications that keep leading to nothing
+	queues       queueView     // leash.queues as last read, for routing claims
+	scan         claimScan     // where the next claim of a single queue starts
+	unkeyed      unkeyedProbes // when the claims of queues with a per-key limit look for jobs without a key
 
 	finishCh    chan finishItem
 	outcomeWake chan struct{} // an outcome was queued: the finisher's flush interval starts
@@ -141,6 +143,7 @@ func New(db *pgxpool.Pool, cfg Config) (*Pool, error) {
 	p.revocations = newRecorder(p)
 	p.waiterID = cfg.ID + "/" + rand.Text()[:8]
 	p.wakeChannel = newWakeChannel()
+	p.ownPollEvery = ownPollEvery
 	p.gate.max = min(wakeHoldMax, cfg.PollInterval)
 	p.keeper = leasekeeper.NewKeeper(controlDB{p}, cfg.leaseConfig(), p.leases, p.log, &p.metrics.Lease)
 	if len(cfg.Hooks) > 0 {

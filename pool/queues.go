@@ -207,6 +207,18 @@ func (v *queueView) anyCapped() bool {
 	return false
 }
 
+// anyPaused reports whether any of queues is paused in the view.
+func (v *queueView) anyPaused(queues []string) bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for _, q := range queues {
+		if v.rows[q].Paused() {
+			return true
+		}
+	}
+	return false
+}
+
 // paused reports the view's paused flag for each of queues.
 func (v *queueView) paused(queues []string) map[string]bool {
 	v.mu.Lock()

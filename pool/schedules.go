@@ -377,9 +377,18 @@ func (p *Pool) runSchedules(ctx context.Context) {
 		}
 	}
 	var specs specCache
+	// idle: the last look found no tick due before the sleep that followed it ended, so the next
+	// one looks before it opens a pass's transaction (one statement a ScheduleInterval while no
+	// tick is due, rather than a transaction and a statement).
+	idle := false
 	for {
 		wait := p.cfg.ScheduleInterval
-		more, err := p.scheduleOnceSafely(ctx, &specs)
+		var more bool
+		var err error
+		if !idle {
+			more, err = p.scheduleOnceSafely(ctx, &specs)
+		}
+		idle = false
 		switch {
 		case err != nil:
 			if ctx.Err() != nil {
@@ -392,8 +401,11 @@ func (p *Pool) runSchedules(ctx context.Context) {
 			sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			in, ok, err := store.NextScheduleIn(sctx, p.control(), wait)
 			cancel()
-			if err == nil && ok {
-				wait = min(wait, in)
+			if err == nil {
+				idle = !ok || in >= wait
+				if ok {
+					wait = min(wait, in)
+				}
 			}
 		}
 		if !sleepCtx(ctx, wait) {

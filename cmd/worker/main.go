@@ -46,6 +46,7 @@ commands:
   status    show counts per queue and state, and the running jobs; status ID shows one job and its output
   queue     list, pause, resume, cap or limit per key queues: worker queue pause NAME (see worker queue)
   schedule  list, add or remove durable periodic jobs (see worker schedule)
+  workflow  show a workflow's jobs or revoke them: worker workflow show|revoke ID
   health    probe a running worker's /readyz (for container health checks)
   demo      a guided tour on a private PostgreSQL (or DATABASE_URL): workload, revocation, summary
   version   print the release, the revision it was built from and the schema version it needs
@@ -108,6 +109,8 @@ func runCommand(ctx context.Context, cmd string, e env, args []string, getenv fu
 		return cmdRetry(ctx, e, args, stdout)
 	case "schedule":
 		return cmdSchedule(ctx, e, args, stdout, stderr)
+	case "workflow":
+		return cmdWorkflow(ctx, e, args, stdout, stderr)
 	case "demo":
 		return cmdDemo(ctx, e, stdout)
 	}

@@ -34,6 +34,9 @@
 //   - schedule: Config.Schedules with an @every spec (Example_schedule).
 //   - schedule-sql: a schedule inserted into leash.schedules from SQL.
 //   - pause-queue, resume-queue: PauseQueue and ResumeQueue (Example_pauseQueue).
+//   - workflow: InsertWorkflow of four jobs, one of them MayFail (Example_workflow).
+//   - fanout: a handler adding jobs to its own workflow with AddToWorkflowTx, then CompleteTx.
+//   - dependency-outputs: Job.DependencyOutputs read by a join.
 //   - pooltest-nodb, pooltest-db: pooltest.Work on a handler without and with a database
 //     (pool/pooltest/example_test.go, ExampleWork).
 //   - pooltest-main, pooltest-test: an application's TestMain with pooltest.Main, and a test of

@@ -70,20 +70,56 @@ func (o *Outcome) encodeError() (*string, error) {
 }
 
 // Finish writes many outcomes in one statement, each guarded by its id and lease token, and
-// returns what it wrote. It never waits on a row lock. An id missing from the result had lost
-// its lease, or its row was locked by another transaction (StillHeld tells them apart): nothing
-// was written for it. A statement error fails the whole batch; the caller splits it to find the
-// bad item.
+// returns what it wrote. It never waits on a row lock for long. An id missing from the result
+// had lost its lease, or its row was locked by another transaction (StillHeld tells them
+// apart): nothing was written for it. An outcome of a workflow's job whose release or
+// cancellation finds rows held by another transaction past outcomeLockWait (a fan-out adding a
+// dependent, a forgotten FOR UPDATE) fails its statement with SQLSTATE 55P03: outside a
+// transaction, Finish then writes the batch in halves, so that the held outcome alone is left
+// out, as a locked row is; in a transaction (db a pgx.Tx) the error is returned. Any other
+// statement error fails the whole batch; the caller splits it to find the bad item.
 func Finish(ctx context.Context, db DBTX, outs []Outcome) ([]Written, error) {
 	q, args, err := finishQuery(outs)
 	if err != nil {
 		return nil, err
 	}
+	var ws []Written
 	rows, err := db.Query(ctx, q, args...)
 	if err != nil {
-		return nil, fmt.Errorf("finish jobs: %w", err)
+		err = fmt.Errorf("finish jobs: %w", err)
+	} else {
+		ws, err = scanWritten(rows, len(outs))
 	}
-	return scanWritten(rows, len(outs))
+	if err == nil || !lockNotAvailable(err) {
+		return ws, err
+	}
+	if _, inTx := db.(pgx.Tx); inTx {
+		return nil, err
+	}
+	if len(outs) == 1 {
+		return nil, nil // held: the caller tries it again later
+	}
+	mid := len(outs) / 2
+	first, err := Finish(ctx, db, outs[:mid])
+	if err != nil {
+		return nil, err
+	}
+	rest, err := Finish(ctx, db, outs[mid:])
+	if err != nil {
+		return nil, err
+	}
+	return append(first, rest...), nil
+}
+
+// outcomeLockWait bounds how long an outcome statement waits for a row a workflow's release or
+// cancellation locks (SQLSTATE 55P03 past it).
+const outcomeLockWait = "100ms"
+
+// lockNotAvailable reports whether err is PostgreSQL's lock_not_available (55P03): a lock wait
+// ran past its bound.
+func lockNotAvailable(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "55P03"
 }
 
 func finishQuery(outs []Outcome) (string, []any, error) {
@@ -132,7 +168,11 @@ func scanWritten(rows pgx.Rows, n int) ([]Written, error) {
 }
 
 const finishSQL = `
-		WITH u AS (
+		WITH bounded AS (
+			-- The rows a workflow's release and cancellation lock (see bound_outcome_lock_wait
+			-- in sql/020_workflows.sql) are waited for at most this long.
+			SELECT pg_catalog.set_config('leash.outcome_lock_wait', '` + outcomeLockWait + `', true) AS v
+		), u AS (
 			-- The token is checked here, on the latest row version. A row another transaction
 			-- holds (an operator's UPDATE, a report's FOR SHARE) is skipped rather than waited
 			-- for: the caller tries that one outcome again later, and the others are written now.
@@ -140,6 +180,7 @@ const finishSQL = `
 			FROM leash.jobs j
 			JOIN unnest($1::bigint[], $2::bigint[], $3::text[], $4::bigint[], $5::boolean[], $6::jsonb[], $7::text[], $8::jsonb[])
 				AS i(id, token, state, delay_ms, give_back, err, revoke, output) ON j.id = i.id AND j.lease_token = i.token
+			WHERE (SELECT v FROM bounded) IS NOT NULL
 			ORDER BY j.id
 			FOR NO KEY UPDATE OF j SKIP LOCKED
 		)

@@ -130,6 +130,28 @@ func TestREADMEInserterAndOperatorGrants(t *testing.T) {
 	if _, err := ins.Exec(ctx, `SELECT payload FROM leash.jobs`); err == nil {
 		t.Fatal("the inserter read payloads")
 	}
+	// A workflow, through the Go API's statements and from plain SQL.
+	tx, err := ins.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wid, err := store.CreateWorkflow(ctx, tx, "w")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.InsertWorkflowJobs(ctx, tx, wid, []store.WorkflowJob{
+		{Step: "a", Params: jp(store.InsertParams{Kind: "k"})}, {Step: "b", DependsOn: []string{"a"}, Params: jp(store.InsertParams{Kind: "k"})},
+	}); err != nil {
+		t.Fatalf("InsertWorkflowJobs: %v", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatalf("commit a workflow: %v", err)
+	}
+	if _, err := ins.Exec(ctx, `WITH w AS (INSERT INTO leash.workflows (name) VALUES ('sql') RETURNING id)
+		INSERT INTO leash.jobs (kind, workflow_id, step, depends_on) SELECT 'k', w.id, s, d FROM w,
+		(VALUES ('x', NULL::text[]), ('y', '{x}')) v(s, d)`); err != nil {
+		t.Fatalf("plain SQL workflow: %v", err)
+	}
 
 	id, err := store.Insert(ctx, db, jp(store.InsertParams{Kind: "k"}))
 	if err != nil {
@@ -141,13 +163,14 @@ func TestREADMEInserterAndOperatorGrants(t *testing.T) {
 		fmt.Sprintf(`SELECT leash.retry_job(%d)`, id),
 		`SELECT leash.pause_queue('default')`,
 		`SELECT leash.resume_queue('default')`,
+		fmt.Sprintf(`SELECT leash.revoke_workflow(%d, 'by operator') = 2`, wid),
 	} {
 		var ok bool
 		if err := op.QueryRow(ctx, q).Scan(&ok); err != nil || !ok {
 			t.Fatalf("operator: %s: %v, %v", q, ok, err)
 		}
 	}
-	for _, rel := range []string{"leash.jobs", "leash.schedules", "leash.queues", "leash.waiters"} {
+	for _, rel := range []string{"leash.jobs", "leash.schedules", "leash.queues", "leash.waiters", "leash.workflows", "leash.workflow_edges"} {
 		if _, err := op.Exec(ctx, "SELECT * FROM "+rel); err == nil {
 			t.Errorf("the operator read %s", rel)
 		}

@@ -25,6 +25,7 @@ type Beginner interface {
 
 // Job states.
 const (
+	StatePending   = "pending"
 	StateAvailable = "available"
 	StateRunning   = "running"
 	StateRetryable = "retryable"

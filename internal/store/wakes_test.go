@@ -30,7 +30,7 @@ func wakeListener(t *testing.T, url string, db *pgxpool.Pool, n, slots int) (cha
 		ch := fmt.Sprintf("leash_wake_%016x", i+1)
 		chans = append(chans, ch)
 		exec(t, l, "LISTEN "+ch)
-		if err := store.RegisterWaker(ctx, db, fmt.Sprintf("w%d", i), []string{"default"}, time.Hour,
+		if _, err := store.RegisterWaker(ctx, db, fmt.Sprintf("w%d", i), []string{"default"}, time.Hour,
 			store.Wake{Channel: ch, Slots: slots, Armed: true}); err != nil {
 			t.Fatal(err)
 		}
@@ -103,10 +103,10 @@ func TestInsertPicksOneWaiter(t *testing.T) {
 	}
 	// A refresh of an armed registration re-arms; one not armed (its listener down) does not.
 	exec(t, db, `UPDATE leash.waiters SET woken_at = woken_at - interval '2 seconds'`)
-	if err := store.RegisterWaker(ctx, db, "w9", []string{"default"}, time.Hour, store.Wake{Channel: "leash_wake_00000000000000ff"}); err != nil {
+	if _, err := store.RegisterWaker(ctx, db, "w9", []string{"default"}, time.Hour, store.Wake{Channel: "leash_wake_00000000000000ff"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := store.RegisterWaker(ctx, db, "w1", []string{"default"}, time.Hour, store.Wake{Channel: chans[1], Slots: 1}); err != nil {
+	if _, err := store.RegisterWaker(ctx, db, "w1", []string{"default"}, time.Hour, store.Wake{Channel: chans[1], Slots: 1}); err != nil {
 		t.Fatal(err)
 	}
 	exec(t, db, `INSERT INTO leash.jobs (kind) VALUES ('k')`)
@@ -117,7 +117,7 @@ func TestInsertPicksOneWaiter(t *testing.T) {
 	if err := db.QueryRow(ctx, `SELECT woken_at::text FROM leash.waiters WHERE waiter = 'w9'`).Scan(&w9); err != nil || w9 != "-infinity" {
 		t.Fatalf("a new registration that is not armed: woken_at %q (%v), want -infinity (never picked)", w9, err)
 	}
-	if err := store.RegisterWaker(ctx, db, "w1", []string{"default"}, time.Hour, store.Wake{Channel: chans[1], Slots: 1, Armed: true}); err != nil {
+	if _, err := store.RegisterWaker(ctx, db, "w1", []string{"default"}, time.Hour, store.Wake{Channel: chans[1], Slots: 1, Armed: true}); err != nil {
 		t.Fatal(err)
 	}
 	exec(t, db, `INSERT INTO leash.jobs (kind) VALUES ('k')`)
@@ -245,7 +245,7 @@ func TestPreviousReleaseRegistrationGetsJobAvailable(t *testing.T) {
 		t.Fatalf("with a previous-release waiter an insert sent %v, want job_available default", g)
 	}
 	for _, ch := range []string{"job_revoked", "queue_changed", "leash_wake_x", "leash_wake_0123456789ABCDEF"} {
-		if err := store.RegisterWaker(ctx, db, "bad", []string{"default"}, time.Hour, store.Wake{Channel: ch, Armed: true}); err == nil {
+		if _, err := store.RegisterWaker(ctx, db, "bad", []string{"default"}, time.Hour, store.Wake{Channel: ch, Armed: true}); err == nil {
 			t.Fatalf("a registration with channel %q was accepted", ch)
 		}
 	}

@@ -113,6 +113,8 @@ func New(o Options) (http.Handler, error) {
 	admin.HandleFunc("GET /jobs/{id}", s.job)
 	admin.HandleFunc("POST /jobs/{id}/revoke", s.revoke)
 	admin.HandleFunc("POST /jobs/{id}/retry", s.retry)
+	admin.HandleFunc("GET /workflows/{id}", s.workflow)
+	admin.HandleFunc("POST /workflows/{id}/revoke", s.revokeWorkflow)
 	admin.HandleFunc("POST /queues/pause", s.queueAction(true))
 	admin.HandleFunc("POST /queues/resume", s.queueAction(false))
 	// The Host check comes first: a DNS-rebinding page (its own name resolving to this address)

@@ -135,6 +135,8 @@ func TestEndpoints(t *testing.T) {
 // cancelled.
 func TestAdminPageInBrowser(t *testing.T) {
 	t.Parallel()
+	browserMu.Lock() // one browser at a time: two starting at once on a small machine can fail
+	defer browserMu.Unlock()
 	browser, err := exec.LookPath("chromium")
 	if err != nil {
 		if os.Getenv("LEASH_REQUIRE_BROWSER") != "" {
