@@ -534,6 +534,29 @@ func (p *Pool) claim(ctx context.Context, limit int) (n int, busy bool, err erro
 		p.startAll(jobs, sentAt)
 		claimed += len(jobs)
 	}
+	for _, q := range plan.rated {
+		if claimed >= limit {
+			break
+		}
+		if p.rates.held(q, time.Now()) {
+			continue // at its limit until its timer wakes the loop
+		}
+		sentAt := time.Now()
+		params := store.ClaimParams{Queues: []string{q}, Limit: limit - claimed, WorkerID: p.cfg.ID, Lease: p.cfg.LeaseDuration}
+		jobs, next, err := store.ClaimRated(sctx, controlDB{p}, params)
+		if err != nil {
+			if errors.Is(err, store.ErrQueueBusy) {
+				busy = true
+			} else {
+				firstErr = cmp.Or(firstErr, err)
+			}
+			p.log.DebugContext(ctx, "claiming jobs of a rate-limited queue failed", slog.String("queue", q), slog.Any("err", err))
+			continue
+		}
+		p.rates.hold(q, next, func() { p.poke(p.wake) })
+		p.startAll(jobs, sentAt)
+		claimed += len(jobs)
+	}
 	for _, q := range plan.keyed {
 		if claimed >= limit {
 			break

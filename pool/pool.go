@@ -97,6 +97,7 @@ type Pool struct {
 	queues       queueView     // leash.queues as last read, for routing claims
 	scan         claimScan     // where the next claim of a single queue starts
 	unkeyed      unkeyedProbes // when the claims of queues with a per-key limit look for jobs without a key
+	rates        rateHolds     // rate-limited queues at their limit, until when
 
 	finishCh    chan finishItem
 	outcomeWake chan struct{} // an outcome was queued: the finisher's flush interval starts

@@ -36,6 +36,10 @@ type QueueState struct {
 	// MaxRunningPerKey limits how many jobs of one concurrency key hold the key at once across
 	// all workers; nil: no per-key limit.
 	MaxRunningPerKey *int
+	// RateLimit limits the queue's job starts to this many in any window of RatePeriod across
+	// all workers (SetQueueRateLimit); nil: no rate limit.
+	RateLimit  *int
+	RatePeriod time.Duration
 	// Available counts jobs waiting to run (available or retryable, now or later).
 	Available int64
 	// Running counts jobs running now.
@@ -107,7 +111,7 @@ func ListQueues(ctx context.Context, db DB) ([]QueueState, error) {
 	out := make([]QueueState, len(rows))
 	for i, r := range rows {
 		out[i] = QueueState{Name: r.Name, PausedAt: r.PausedAt, MaxRunning: r.MaxRunning, MaxRunningPerKey: r.MaxRunningPerKey,
-			Available: r.Available, Running: r.Running}
+			RateLimit: r.RateLimit, RatePeriod: r.RatePeriod, Available: r.Available, Running: r.Running}
 	}
 	return out, nil
 }
@@ -138,9 +142,10 @@ type queueView struct {
 }
 
 // claimPlan is what one claim round asks for: the active uncapped queues in one statement, then
-// the active capped ones and those with a per-key limit (keyed) each under its row's lock.
+// the active capped ones, those with a rate limit (rated) and those with a per-key limit (keyed,
+// whatever their rate limit) each under its row's lock.
 type claimPlan struct {
-	uncapped, capped, keyed []string
+	uncapped, capped, rated, keyed []string
 }
 
 // plan splits queues by the view. Paused queues are left out.
@@ -156,6 +161,8 @@ func (v *queueView) plan(queues []string) claimPlan {
 		case row.Paused():
 		case row.MaxRunningPerKey != nil:
 			cp.keyed = append(cp.keyed, q)
+		case row.RateLimit != nil:
+			cp.rated = append(cp.rated, q)
 		case row.MaxRunning != nil:
 			cp.capped = append(cp.capped, q)
 		default:
@@ -190,6 +197,9 @@ func (v *queueView) waitable(queues []string) ([]string, string) {
 		if row.MaxRunningPerKey != nil {
 			key.WriteString("\x00keyed")
 		}
+		if row.RateLimit != nil {
+			key.WriteString("\x00rated")
+		}
 		key.WriteByte(0xff) // never in a queue name (valid UTF-8)
 	}
 	return out, key.String()
@@ -200,7 +210,7 @@ func (v *queueView) anyCapped() bool {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	for _, row := range v.rows {
-		if (row.MaxRunning != nil || row.MaxRunningPerKey != nil) && !row.Paused() {
+		if (row.MaxRunning != nil || row.MaxRunningPerKey != nil || row.RateLimit != nil) && !row.Paused() {
 			return true
 		}
 	}
@@ -298,6 +308,7 @@ func (p *Pool) ensureMissing(ctx context.Context, rows map[string]store.QueueCon
 func (p *Pool) onQueueChanged(name string) {
 	if name == "*" || slices.Contains(p.cfg.Queues, name) { // "*": the table was truncated
 		p.queues.stale.Store(true)
+		p.rates.clear() // a rate limit may have changed
 		p.poke(p.wake)
 	}
 }

@@ -1,5 +1,5 @@
--- leash 025: per-key concurrency. A job may carry a concurrency_key (a customer, a tenant, an
--- account); a queue may set max_running_per_key: at most that many jobs of one key of the queue
+-- leash 025: per-key concurrency and rate limits. A job may carry a concurrency_key (a customer,
+-- a tenant, an account); a queue may set max_running_per_key: at most that many jobs of one key of the queue
 -- hold the key at once across all workers. A job holds its key from its first start until it is
 -- finished (completed, failed, cancelled): while it runs, and while it waits to run again (to
 -- retry after an error, snoozed, handed back at shutdown, rescued after its worker died). With 1,
@@ -16,6 +16,9 @@
 -- change that may give a key something to claim (an insert, a job that stops running, a retry, a
 -- changed run_at, priority, queue or key) appends the key to leash.key_wakes from a trigger, never
 -- waiting on a lock; the next claim of the queue brings those keys' rows up to date.
+-- Rate limits: a queue may set rate_limit and rate_period: at most rate_limit starts of its
+-- jobs in any window of rate_period across all workers, kept exactly by a ring of start times
+-- written by its claims under the queue's row (see leash.rate_room below).
 -- leash:no-transaction
 -- It runs outside a transaction because the two indexes on leash.jobs are built concurrently,
 -- without blocking inserts or claims. Every statement is safe to repeat, so a run cut short is
@@ -23,8 +26,10 @@
 -- Safe to apply while workers of the previous release run: it adds columns (NULL, no rewrite), a
 -- check for new rows only, tables, indexes, functions and triggers those workers' statements do
 -- not depend on; the triggers only append to leash.key_wakes, and only for jobs with a key in a
--- queue with a per-key limit, which no previous release writes. Those workers ignore the new
--- limit: a queue whose per-key limit must hold needs every worker of this release.
+-- queue with a per-key limit, which no previous release writes; the check on leash.queues reads
+-- its few rows, whose new columns are all NULL, and the trigger on it does nothing for a row
+-- without a rate limit (as every row those workers create is). Those workers ignore the new
+-- limits: a queue whose per-key limit or rate limit must hold needs every worker of this release.
 
 ALTER TABLE leash.jobs ADD COLUMN IF NOT EXISTS concurrency_key text;
 
@@ -48,6 +53,23 @@ BEGIN
                    AND conrelid = 'leash.queues'::regclass) THEN
         ALTER TABLE leash.queues ADD CONSTRAINT queues_max_running_per_key_check
             CHECK (max_running_per_key IS NULL OR max_running_per_key >= 0);
+    END IF;
+END;
+$$;
+
+-- Rate limits: at most rate_limit starts of the queue's jobs in any window of rate_period (NULL:
+-- one second) across all workers; NULL rate_limit: none. 0 starts nothing. The ring of
+-- leash.rate_slots holds rate_limit rows, so the limit is bounded.
+ALTER TABLE leash.queues ADD COLUMN IF NOT EXISTS rate_limit integer;
+ALTER TABLE leash.queues ADD COLUMN IF NOT EXISTS rate_period interval;
+
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_constraint WHERE conname = 'queues_rate_limit_check'
+                   AND conrelid = 'leash.queues'::regclass) THEN
+        ALTER TABLE leash.queues ADD CONSTRAINT queues_rate_limit_check
+            CHECK ((rate_limit IS NULL OR rate_limit BETWEEN 0 AND 1000000)
+                   AND (rate_period IS NULL OR rate_period BETWEEN interval '1 millisecond' AND interval '31 days'));
     END IF;
 END;
 $$;
@@ -243,18 +265,20 @@ $$;
 
 REVOKE ALL ON FUNCTION leash.set_queue_max_running_per_key(text, integer) FROM PUBLIC;
 
--- As in 010, with the per-key limit among what a worker's row may hold: a row that holds one is
--- an operator's setting and is never replaced.
+-- As in 010, with the per-key limit and the rate limit among what a worker's row may hold: a row
+-- that holds one is an operator's setting and is never replaced.
 CREATE OR REPLACE FUNCTION leash.queue_replaces_implicit() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     IF NOT NEW.implicit AND EXISTS (
         SELECT FROM leash.queues q
         WHERE q.name OPERATOR(pg_catalog.=) NEW.name AND q.implicit
-          AND q.paused_at IS NULL AND q.max_running IS NULL AND q.max_running_per_key IS NULL) THEN
+          AND q.paused_at IS NULL AND q.max_running IS NULL AND q.max_running_per_key IS NULL
+          AND q.rate_limit IS NULL) THEN
         DELETE FROM leash.queues q
         WHERE q.name OPERATOR(pg_catalog.=) NEW.name AND q.implicit
-          AND q.paused_at IS NULL AND q.max_running IS NULL AND q.max_running_per_key IS NULL;
+          AND q.paused_at IS NULL AND q.max_running IS NULL AND q.max_running_per_key IS NULL
+          AND q.rate_limit IS NULL;
     END IF;
     RETURN NEW;
 END;
@@ -420,6 +444,7 @@ BEGIN
     IF cap IS NOT NULL THEN
         room := greatest(0, least(want, cap - (SELECT count(*) FROM leash.jobs rj WHERE rj.queue = q AND rj.state = 'running')::integer));
     END IF;
+    room := leash.rate_room(q, mark, room);
     IF room <= 0 THEN
         RETURN '{}';
     END IF;
@@ -512,6 +537,9 @@ BEGIN
     END IF;
     ids := coalesce(nullif(current_setting('leash.keyed_picked', true), ''), '{}')::bigint[];
     spent := coalesce(nullif(current_setting('leash.keyed_spent', true), ''), '{}')::text[];
+    -- The starts this claim made count against the queue's rate limit.
+    PERFORM leash.rate_take(q, mark, (SELECT count(*) FROM leash.jobs j
+                                      WHERE j.id = ANY (ids) AND j.state = 'running' AND j.attempted_at = now())::integer);
     IF cardinality(spent) > 0 AND (SELECT count(*) FROM leash.jobs j
                                   WHERE j.id = ANY (ids) AND j.state = 'running' AND j.attempted_at = now()) = cardinality(ids) THEN
         DELETE FROM leash.concurrency_keys c WHERE c.queue = q AND c.key = ANY (spent);
@@ -521,3 +549,173 @@ BEGIN
     END IF;
 END;
 $$;
+
+
+-- Rate limits. A queue with rate_limit R is claimed under its row, as a capped queue is (one
+-- claim of the queue at a time across all workers), and every start is written into a ring of R
+-- slots (leash.rate_slots), each holding the time of the last start made in it (the claim's
+-- now(), its jobs' attempted_at). A claim at time T may start a job in a slot only if that slot's
+-- last start is at least one period before T; it takes slots in ring order from the head
+-- (leash.rate_heads) while they are free, and moves the head past those it used. Each slot's
+-- starts are thus at least a period apart, so any window of one period (a half-open interval)
+-- holds at most one start per slot: at most R, exactly, across all workers, whatever order the
+-- claims' clocks commit in. A claim reads and writes only the slots it uses (by primary key;
+-- started_at is in no index, so writes are heap-only), under its own queue's row: no other
+-- queue's claim ever reads them. A change of R rebuilds the ring in the changing transaction,
+-- keeping the latest starts (the windows after the change hold at most the new R); a change of
+-- the period applies to the starts already made.
+CREATE TABLE IF NOT EXISTS leash.rate_slots (
+    queue      text        NOT NULL,
+    slot       integer     NOT NULL,
+    started_at timestamptz NOT NULL,
+    PRIMARY KEY (queue, slot)
+) WITH (fillfactor = 50);
+
+CREATE TABLE IF NOT EXISTS leash.rate_heads (
+    queue text   NOT NULL PRIMARY KEY,
+    head  bigint NOT NULL
+) WITH (fillfactor = 50);
+
+REVOKE ALL ON leash.rate_slots, leash.rate_heads FROM PUBLIC;
+
+-- Rebuilds the ring of a queue whose rate_limit was set or changed (dropped when removed): the
+-- starts it holds, oldest first from the head, keep the latest rate_limit of them, and free slots
+-- (-infinity) make up the rest, first. Runs in the transaction that changes the row, which holds
+-- it, so no claim of the queue runs meanwhile. A ring left by a deleted row is taken up again.
+CREATE OR REPLACE FUNCTION leash.queue_rate_changed() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    h     bigint;
+    n     integer;
+    lim   integer := NEW.rate_limit;
+    starts timestamptz[];
+BEGIN
+    IF TG_OP = 'UPDATE' AND OLD.rate_limit IS NOT DISTINCT FROM NEW.rate_limit THEN
+        RETURN NULL;
+    END IF;
+    IF lim IS NULL THEN
+        DELETE FROM leash.rate_slots s WHERE s.queue = NEW.name;
+        DELETE FROM leash.rate_heads r WHERE r.queue = NEW.name;
+        RETURN NULL;
+    END IF;
+    SELECT r.head INTO h FROM leash.rate_heads r WHERE r.queue = NEW.name FOR UPDATE;
+    SELECT count(*) INTO n FROM leash.rate_slots s WHERE s.queue = NEW.name;
+    starts := ARRAY(SELECT s.started_at FROM leash.rate_slots s WHERE s.queue = NEW.name
+                    ORDER BY (s.slot - coalesce(h, 0) % greatest(n, 1) + n) % greatest(n, 1), s.slot);
+    starts := array_fill('-infinity'::timestamptz, ARRAY[greatest(lim - n, 0)])
+              || coalesce(starts[greatest(n - lim, 0) + 1 : n], '{}');
+    DELETE FROM leash.rate_slots s WHERE s.queue = NEW.name;
+    INSERT INTO leash.rate_slots (queue, slot, started_at)
+    SELECT NEW.name, (u.o - 1)::integer, u.at FROM unnest(starts) WITH ORDINALITY AS u(at, o);
+    INSERT INTO leash.rate_heads AS r (queue, head) VALUES (NEW.name, 0)
+    ON CONFLICT (queue) DO UPDATE SET head = 0;
+    RETURN NULL;
+END;
+$$;
+
+REVOKE ALL ON FUNCTION leash.queue_rate_changed() FROM PUBLIC;
+
+DROP TRIGGER IF EXISTS queues_rate_changed ON leash.queues;
+CREATE TRIGGER queues_rate_changed AFTER INSERT OR UPDATE OF rate_limit ON leash.queues
+    FOR EACH ROW EXECUTE FUNCTION leash.queue_rate_changed();
+
+-- How many of want jobs the claim of queue q (mark: the claim's, see leash.claim_keyed_pick) may
+-- start now under the queue's rate limit: want when it has none; 0 without the queue's row. The
+-- free slots counted are those from the head on, in ring order, up to the first still in use.
+-- The head is locked for the claim (SKIP LOCKED: a transaction holding it stops only this
+-- queue, which starts nothing meanwhile). With the caller's rights (the grants of docs/sql.md).
+CREATE OR REPLACE FUNCTION leash.rate_room(q text, mark text, want integer) RETURNS integer
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    lim integer;
+    per interval;
+    h   bigint;
+    n   integer;
+BEGIN
+    SELECT qq.rate_limit, coalesce(qq.rate_period, interval '1 second') INTO lim, per
+    FROM leash.queues qq WHERE qq.name = q AND current_setting('leash.capped_claim', true) = mark;
+    IF NOT FOUND THEN
+        RETURN 0;
+    END IF;
+    IF lim IS NULL THEN
+        RETURN greatest(want, 0);
+    END IF;
+    want := least(want, lim);
+    IF want <= 0 THEN
+        RETURN 0;
+    END IF;
+    SELECT r.head INTO h FROM leash.rate_heads r WHERE r.queue = q FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        RETURN 0;
+    END IF;
+    SELECT coalesce(min(i.i), want) INTO n
+    FROM generate_series(0, want - 1) AS i(i)
+    JOIN leash.rate_slots s ON s.queue = q AND s.slot = ((h + i.i) % lim)::integer
+    WHERE s.started_at + per > now();
+    RETURN n;
+END;
+$$;
+
+-- Records n starts of the claim of queue q (mark: the claim's), made at now(), in the next n
+-- slots from the head, and moves the head past them; n is at most what leash.rate_room allowed
+-- in the same transaction. Returns how long (milliseconds) until the slot at the new head is
+-- free, 0 when it is free now; NULL when the queue has no rate limit or the row is not held.
+-- Its writes wait at most 100ms for a row lock (a transaction holding a slot fails this claim
+-- of this queue, and its jobs stay queued).
+CREATE OR REPLACE FUNCTION leash.rate_take(q text, mark text, n integer) RETURNS double precision
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET lock_timeout = '100ms' AS $$
+DECLARE
+    lim integer;
+    per interval;
+    h   bigint;
+    nxt timestamptz;
+BEGIN
+    SELECT qq.rate_limit, coalesce(qq.rate_period, interval '1 second') INTO lim, per
+    FROM leash.queues qq WHERE qq.name = q AND current_setting('leash.capped_claim', true) = mark;
+    IF NOT FOUND OR lim IS NULL THEN
+        RETURN NULL;
+    END IF;
+    IF lim = 0 THEN
+        RETURN extract(epoch FROM per) * 1000;
+    END IF;
+    SELECT r.head INTO h FROM leash.rate_heads r WHERE r.queue = q;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    n := least(greatest(coalesce(n, 0), 0), lim);
+    IF n > 0 THEN
+        INSERT INTO leash.rate_slots AS s (queue, slot, started_at)
+        SELECT q, ((h + i.i) % lim)::integer, now() FROM generate_series(0, n - 1) AS i(i)
+        ON CONFLICT (queue, slot) DO UPDATE SET started_at = excluded.started_at;
+        UPDATE leash.rate_heads r SET head = r.head + n WHERE r.queue = q;
+        h := h + n;
+    END IF;
+    SELECT s.started_at + per INTO nxt FROM leash.rate_slots s WHERE s.queue = q AND s.slot = (h % lim)::integer;
+    IF nxt IS NULL OR nxt <= now() THEN
+        RETURN 0; -- free (a slot never used holds -infinity)
+    END IF;
+    RETURN extract(epoch FROM nxt - now()) * 1000;
+END;
+$$;
+
+-- Sets the queue's rate limit: at most n starts in any window of period (NULL: one second)
+-- across all workers, from its commit (it waits for the claims of the queue in flight); NULL n
+-- removes it. True when it changed.
+CREATE OR REPLACE FUNCTION leash.set_queue_rate_limit(name text, n integer, period interval DEFAULT NULL) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    changed boolean;
+BEGIN
+    IF n IS NULL THEN
+        period := NULL;
+    END IF;
+    INSERT INTO leash.queues AS q (name, rate_limit, rate_period) VALUES (set_queue_rate_limit.name, n, period)
+    ON CONFLICT ON CONSTRAINT queues_pkey DO UPDATE
+        SET rate_limit = excluded.rate_limit, rate_period = excluded.rate_period, updated_at = now()
+        WHERE (q.rate_limit, q.rate_period) IS DISTINCT FROM (excluded.rate_limit, excluded.rate_period)
+    RETURNING true INTO changed;
+    RETURN coalesce(changed, false);
+END;
+$$;
+
+REVOKE ALL ON FUNCTION leash.set_queue_rate_limit(text, integer, interval) FROM PUBLIC;
