@@ -538,12 +538,13 @@ func (p *Pool) claim(ctx context.Context, limit int) (n int, busy bool, err erro
 		if claimed >= limit {
 			break
 		}
-		if p.rates.held(q, time.Now()) {
-			continue // at its limit until its timer wakes the loop
+		if !p.rates.begin(q, time.Now()) {
+			continue // at its limit until its timer wakes the loop, or claimed by another claim of the pool
 		}
 		sentAt := time.Now()
 		params := store.ClaimParams{Queues: []string{q}, Limit: limit - claimed, WorkerID: p.cfg.ID, Lease: p.cfg.LeaseDuration}
 		jobs, next, err := store.ClaimRated(sctx, controlDB{p}, params)
+		p.rates.end(q)
 		if err != nil {
 			if errors.Is(err, store.ErrQueueBusy) {
 				busy = true

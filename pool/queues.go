@@ -210,7 +210,7 @@ func (v *queueView) anyCapped() bool {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	for _, row := range v.rows {
-		if (row.MaxRunning != nil || row.MaxRunningPerKey != nil || row.RateLimit != nil) && !row.Paused() {
+		if (row.MaxRunning != nil || row.MaxRunningPerKey != nil) && !row.Paused() {
 			return true
 		}
 	}

@@ -39,19 +39,37 @@ const MaxRateLimit = 1_000_000
 // rateHolds keeps, per rate-limited queue, until when its last claim found the limit reached:
 // the pool does not claim the queue before then (the database remains the authority: a claim
 // then may still find no room, another worker having taken it), and a timer wakes the claim
-// loop at the earliest such time.
+// loop at the earliest such time. A pool claims a rate-limited queue in one claim at a time
+// (claiming): its other claims in flight pass over it rather than find its row held, so the
+// pool's other queues keep all their claims in flight.
 type rateHolds struct {
-	mu    sync.Mutex
-	until map[string]time.Time
+	mu       sync.Mutex
+	until    map[string]time.Time
+	claiming map[string]bool
 	timer *time.Timer
 	at    time.Time // when timer fires; zero when none is set
 }
 
-// held reports whether queue is held at now.
-func (r *rateHolds) held(queue string, now time.Time) bool {
+// begin reports whether a claim may take queue now (not held, no other claim of the pool on
+// it); when true, the caller calls end once its claim returned.
+func (r *rateHolds) begin(queue string, now time.Time) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return now.Before(r.until[queue])
+	if now.Before(r.until[queue]) || r.claiming[queue] {
+		return false
+	}
+	if r.claiming == nil {
+		r.claiming = make(map[string]bool)
+	}
+	r.claiming[queue] = true
+	return true
+}
+
+// end records that the claim of queue begun returned.
+func (r *rateHolds) end(queue string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.claiming, queue)
 }
 
 // hold keeps queue from claims for d (if d > 0) and makes sure wake runs when it ends.

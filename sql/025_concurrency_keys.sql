@@ -414,6 +414,7 @@ DECLARE
     per_key integer;
     cap integer;
     paused timestamptz;
+    rated boolean;
     room integer;
     walked text[];
     held integer[];
@@ -425,7 +426,7 @@ DECLARE
     spent text[];
     redo text[];
 BEGIN
-    SELECT qq.max_running_per_key, qq.max_running, qq.paused_at INTO per_key, cap, paused
+    SELECT qq.max_running_per_key, qq.max_running, qq.paused_at, qq.rate_limit IS NOT NULL INTO per_key, cap, paused, rated
     FROM leash.queues qq WHERE qq.name = q AND current_setting('leash.capped_claim', true) = mark;
     PERFORM set_config('leash.keyed_walked', '{}', true), set_config('leash.keyed_spent', '{}', true),
             set_config('leash.keyed_redo', '{}', true), set_config('leash.keyed_picked', '{}', true);
@@ -444,7 +445,9 @@ BEGIN
     IF cap IS NOT NULL THEN
         room := greatest(0, least(want, cap - (SELECT count(*) FROM leash.jobs rj WHERE rj.queue = q AND rj.state = 'running')::integer));
     END IF;
-    room := leash.rate_room(q, mark, room);
+    IF rated THEN
+        room := leash.rate_room(q, mark, room);
+    END IF;
     IF room <= 0 THEN
         RETURN '{}';
     END IF;
@@ -527,19 +530,22 @@ SET enable_seqscan = off SET enable_bitmapscan = off SET enable_hashjoin = off S
 AS $$
 DECLARE
     per_key integer;
+    rated boolean;
     ids bigint[];
     spent text[];
 BEGIN
-    SELECT qq.max_running_per_key INTO per_key
+    SELECT qq.max_running_per_key, qq.rate_limit IS NOT NULL INTO per_key, rated
     FROM leash.queues qq WHERE qq.name = q AND current_setting('leash.capped_claim', true) = mark;
     IF per_key IS NULL THEN
         RETURN;
     END IF;
     ids := coalesce(nullif(current_setting('leash.keyed_picked', true), ''), '{}')::bigint[];
     spent := coalesce(nullif(current_setting('leash.keyed_spent', true), ''), '{}')::text[];
-    -- The starts this claim made count against the queue's rate limit.
-    PERFORM leash.rate_take(q, mark, (SELECT count(*) FROM leash.jobs j
-                                      WHERE j.id = ANY (ids) AND j.state = 'running' AND j.attempted_at = now())::integer);
+    IF rated THEN
+        -- The starts this claim made count against the queue's rate limit.
+        PERFORM leash.rate_take(q, mark, (SELECT count(*) FROM leash.jobs j
+                                          WHERE j.id = ANY (ids) AND j.state = 'running' AND j.attempted_at = now())::integer);
+    END IF;
     IF cardinality(spent) > 0 AND (SELECT count(*) FROM leash.jobs j
                                   WHERE j.id = ANY (ids) AND j.state = 'running' AND j.attempted_at = now()) = cardinality(ids) THEN
         DELETE FROM leash.concurrency_keys c WHERE c.queue = q AND c.key = ANY (spent);
