@@ -46,8 +46,8 @@ type rateHolds struct {
 	mu       sync.Mutex
 	until    map[string]time.Time
 	claiming map[string]bool
-	timer *time.Timer
-	at    time.Time // when timer fires; zero when none is set
+	timer    *time.Timer
+	at       time.Time // when timer fires; zero when none is set
 }
 
 // begin reports whether a claim may take queue now (not held, no other claim of the pool on
