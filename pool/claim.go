@@ -554,6 +554,9 @@ func (p *Pool) claim(ctx context.Context, limit int) (n int, busy bool, err erro
 			p.log.DebugContext(ctx, "claiming jobs of a rate-limited queue failed", slog.String("queue", q), slog.Any("err", err))
 			continue
 		}
+		if next > 0 {
+			p.metrics.RateLimited.Add(1)
+		}
 		p.rates.hold(q, next, func() { p.poke(p.wake) })
 		p.startAll(jobs, sentAt)
 		claimed += len(jobs)

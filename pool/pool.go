@@ -51,6 +51,8 @@ type counters struct {
 	// SetAside counts rows a claim failed instead of leasing, because they cannot be claimed (an
 	// attempt counter at the largest integer, which only an SQL client writes).
 	SetAside atomic.Int64
+	// RateLimited counts claims of a rate-limited queue that left it at its limit.
+	RateLimited atomic.Int64
 }
 
 func (m *counters) count(state string) {

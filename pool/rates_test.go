@@ -35,8 +35,9 @@ func dbNow(t *testing.T, db *pgxpool.Pool) time.Time {
 }
 
 // rateWorkers starts n pools of 20 slots on queues, their handlers taking a millisecond.
-func rateWorkers(t *testing.T, db *pgxpool.Pool, n int, queues ...string) {
+func rateWorkers(t *testing.T, db *pgxpool.Pool, n int, queues ...string) []*pool.Pool {
 	t.Helper()
+	var ps []*pool.Pool
 	for range n {
 		cfg := fastConfig()
 		cfg.Queues = queues
@@ -46,7 +47,9 @@ func rateWorkers(t *testing.T, db *pgxpool.Pool, n int, queues ...string) {
 			return nil
 		})})
 		start(t, p)
+		ps = append(ps, p)
 	}
+	return ps
 }
 
 // A rate limit holds across four pools that together could start far more: in no window of the
@@ -64,10 +67,17 @@ func TestRateLimitAcrossPools(t *testing.T) {
 	if _, err := db.Exec(ctx, `INSERT INTO leash.jobs (queue, kind) SELECT 'rated', 'rw' FROM generate_series(1, $1)`, jobs); err != nil {
 		t.Fatal(err)
 	}
-	rateWorkers(t, db, 4, "rated")
+	ps := rateWorkers(t, db, 4, "rated")
 	waitFor(t, 60*time.Second, func() bool {
 		return count(t, db, `SELECT count(*) FROM leash.jobs WHERE state = 'completed'`) == jobs
 	})
+	var limited int64
+	for _, p := range ps {
+		limited += p.Stats().RateLimited
+	}
+	if limited < jobs/limit-1 {
+		t.Errorf("Stats.RateLimited: %d claims found the queue at its limit; want one per period at least", limited)
+	}
 	far := time.Now().Add(time.Hour)
 	if m := mostStartsInWindow(t, db, "rated", period, time.Time{}, far); m > limit {
 		t.Fatalf("%d starts in one window of %s; the limit is %d", m, period, limit)
