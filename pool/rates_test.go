@@ -110,31 +110,35 @@ func TestRateLimitChangedUnderLoad(t *testing.T) {
 	waitFor(t, 20*time.Second, func() bool {
 		return count(t, db, `SELECT count(*) FROM leash.jobs WHERE state = 'completed'`) >= 100
 	})
+	// Each limit's windows begin after its commit (read after it) and end before the next change
+	// (read before it began).
 	type change struct {
-		limit int
-		at    time.Time
+		limit         int
+		before, after time.Time
 	}
 	var changes []change
 	for _, limit := range []int{20, 5, 30} {
+		before := dbNow(t, db)
 		if err := pool.SetQueueRateLimit(ctx, db, "rated", limit, period); err != nil {
 			t.Fatal(err)
 		}
-		changes = append(changes, change{limit, dbNow(t, db)})
-		before := count(t, db, `SELECT count(*) FROM leash.jobs WHERE attempted_at IS NOT NULL`)
+		changes = append(changes, change{limit, before, dbNow(t, db)})
+		started := count(t, db, `SELECT count(*) FROM leash.jobs WHERE attempted_at IS NOT NULL`)
 		// Let each limit run for several periods of starts.
 		waitFor(t, 20*time.Second, func() bool {
-			return count(t, db, `SELECT count(*) FROM leash.jobs WHERE attempted_at IS NOT NULL`) >= before+int64(4*limit)
+			return count(t, db, `SELECT count(*) FROM leash.jobs WHERE attempted_at IS NOT NULL`) >= started+int64(4*limit)
 		})
 	}
+	before := dbNow(t, db)
 	if err := pool.SetQueueRateLimit(ctx, db, "rated", -1, 0); err != nil {
 		t.Fatal(err)
 	}
-	changes = append(changes, change{-1, dbNow(t, db)})
+	changes = append(changes, change{-1, before, dbNow(t, db)})
 	waitFor(t, 60*time.Second, func() bool {
 		return count(t, db, `SELECT count(*) FROM leash.jobs WHERE state = 'completed'`) == 3000
 	})
 	for i, c := range changes[:len(changes)-1] {
-		m := mostStartsInWindow(t, db, "rated", period, c.at, changes[i+1].at)
+		m := mostStartsInWindow(t, db, "rated", period, c.after, changes[i+1].before)
 		if m > int64(c.limit) {
 			t.Fatalf("limit %d: %d starts in one window of %s after its commit", c.limit, m, period)
 		}
