@@ -28,7 +28,7 @@ import (
 
 var (
 	flagJobs  = flag.Int("jobs", 50000, "jobs in each burn-down")
-	flagOnly  = flag.String("only", "", "comma-separated scenarios to run (burn,burn2000,capped,producers,steady,pickup,revoke,heartbeat,scale,memory,ablation,fleet,workflow (wfchain, wffanout: its parts); sustained, cpu and indexes run only when named)")
+	flagOnly  = flag.String("only", "", "comma-separated scenarios to run (burn,burn2000,capped,keys,rate,producers,steady,pickup,revoke,heartbeat,scale,memory,ablation,fleet,workflow (wfchain, wffanout: its parts); sustained, cpu and indexes run only when named)")
 	flagFsync = flag.Bool("fsync", true, "run the private cluster with durable commits (fsync on), as production databases run; false for the old, faster setting")
 )
 
@@ -124,6 +124,8 @@ func main() {
 	run("burn", b.burnDown100)
 	run("burn2000", b.burnDown2000)
 	run("capped", b.queueCap)
+	run("keys", b.keys)
+	run("rate", b.rate)
 	run("producers", b.producers)
 	run("steady", b.steady)
 	if only["sustained"] {

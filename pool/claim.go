@@ -535,6 +535,55 @@ func (p *Pool) claim(ctx context.Context, limit int) (n int, busy bool, err erro
 		p.startAll(jobs, sentAt)
 		claimed += len(jobs)
 	}
+	for _, q := range plan.rated {
+		if claimed >= limit {
+			break
+		}
+		if !p.rates.begin(q, time.Now()) {
+			continue // at its limit until its timer wakes the loop, or claimed by another claim of the pool
+		}
+		sentAt := time.Now()
+		params := store.ClaimParams{Queues: []string{q}, Limit: limit - claimed, WorkerID: p.cfg.ID, Lease: p.cfg.LeaseDuration}
+		jobs, next, err := store.ClaimRated(sctx, controlDB{p}, params)
+		p.rates.end(q)
+		if err != nil {
+			if errors.Is(err, store.ErrQueueBusy) {
+				busy = true
+			} else {
+				firstErr = cmp.Or(firstErr, err)
+			}
+			p.log.DebugContext(ctx, "claiming jobs of a rate-limited queue failed", slog.String("queue", q), slog.Any("err", err))
+			continue
+		}
+		if next > 0 {
+			p.metrics.RateLimited.Add(1)
+		}
+		p.rates.hold(q, next, func() { p.poke(p.wake) })
+		p.startAll(jobs, sentAt)
+		claimed += len(jobs)
+	}
+	for _, q := range plan.keyed {
+		if claimed >= limit {
+			break
+		}
+		sentAt := time.Now()
+		probe := p.unkeyed.due(q, p.cfg.PollInterval)
+		params := store.KeyedParams{Unkeyed: probe,
+			ClaimParams: store.ClaimParams{Queues: []string{q}, Limit: limit - claimed, WorkerID: p.cfg.ID, Lease: p.cfg.LeaseDuration}}
+		jobs, err := store.ClaimKeyed(sctx, controlDB{p}, params)
+		if err != nil {
+			if errors.Is(err, store.ErrQueueBusy) {
+				busy = true
+			} else {
+				firstErr = cmp.Or(firstErr, err)
+			}
+			p.log.DebugContext(ctx, "claiming jobs of a queue with a per-key limit failed", slog.String("queue", q), slog.Any("err", err))
+			continue
+		}
+		p.unkeyed.record(q, jobs, probe)
+		p.startAll(jobs, sentAt)
+		claimed += len(jobs)
+	}
 	if len(plan.uncapped) > 0 && claimed < limit {
 		n, err := p.claimUncapped(sctx, plan.uncapped, limit-claimed)
 		if err != nil {

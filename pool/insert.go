@@ -55,6 +55,13 @@ type InsertOpts struct {
 	// NULL. Keys and values must be valid UTF-8 without NUL bytes, MaxTraceContextBytes at most
 	// as JSON.
 	TraceContext map[string]string
+	// ConcurrencyKey is the job's key (a customer, a tenant, an account) for its queue's per-key
+	// limit (SetQueueMaxRunningPerKey): at most that many jobs of one key of the queue hold the
+	// key at once across all workers, each from its first start until it is finished, and they
+	// start in the key's (priority, run_at, id) order. Empty: no key (the job is limited only by
+	// the queue's own settings). At most 1024 bytes of valid UTF-8 without NUL. A queue without a
+	// per-key limit ignores it.
+	ConcurrencyKey string
 }
 
 // ErrDuplicate is matched (errors.Is) by the error of an insert skipped because another job holds
@@ -121,6 +128,10 @@ func params(kind string, payload any, opts *InsertOpts) (store.InsertParams, err
 	if o.UniqueKey != "" && (len(o.UniqueKey) > 1024 || !validName(o.UniqueKey)) {
 		return store.InsertParams{}, fmt.Errorf("%w: unique key must be at most 1024 bytes of valid UTF-8 without NUL", ErrInvalidJob)
 	}
+	if o.ConcurrencyKey != "" && (len(o.ConcurrencyKey) > MaxConcurrencyKeyBytes || !validName(o.ConcurrencyKey)) {
+		return store.InsertParams{}, fmt.Errorf("%w: concurrency key must be at most %d bytes of valid UTF-8 without NUL",
+			ErrInvalidJob, MaxConcurrencyKeyBytes)
+	}
 	if o.UniqueFinishedWithin < 0 || (o.UniqueFinishedWithin > 0 && o.UniqueKey == "") {
 		return store.InsertParams{}, fmt.Errorf("%w: UniqueFinishedWithin needs a UniqueKey and must not be negative", ErrInvalidJob)
 	}
@@ -137,8 +148,11 @@ func params(kind string, payload any, opts *InsertOpts) (store.InsertParams, err
 	}
 	return store.InsertParams{Queue: cmp.Or(o.Queue, QueueDefault), Kind: kind, Payload: body, Priority: o.Priority,
 		MaxAttempts: int32(cmp.Or(o.MaxAttempts, MaxAttemptsDefault)), RunAt: o.RunAt, Delay: o.Delay, Timeout: o.Timeout,
-		UniqueKey: o.UniqueKey, UniqueWithin: o.UniqueFinishedWithin, TraceContext: trace}, nil
+		UniqueKey: o.UniqueKey, UniqueWithin: o.UniqueFinishedWithin, TraceContext: trace, ConcurrencyKey: o.ConcurrencyKey}, nil
 }
+
+// MaxConcurrencyKeyBytes bounds InsertOpts.ConcurrencyKey, as the table's check does.
+const MaxConcurrencyKeyBytes = 1024
 
 // validName reports whether s can be stored as PostgreSQL text.
 func validName(s string) bool { return utf8.ValidString(s) && !strings.ContainsRune(s, 0) }

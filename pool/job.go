@@ -46,6 +46,8 @@ type Job struct {
 	// TraceContext, or the trace_context column written by any client); nil when there is none
 	// or the column held something else than an object of strings.
 	TraceContext map[string]string
+	// ConcurrencyKey is the job's key for its queue's per-key limit; empty when it has none.
+	ConcurrencyKey string
 
 	// claim is the claimed row as read, which leash's own writes, events and logs use: the
 	// exported fields above are the handler's copy, and changing them changes nothing leash does.
@@ -69,7 +71,7 @@ func newJob(cj store.ClaimedJob, db DB) *Job {
 	j := &Job{ID: cj.ID, Queue: cj.Queue, Kind: cj.Kind, Payload: cj.Payload, Priority: cj.Priority,
 		Attempt: int(cj.Attempt), MaxAttempts: int(cj.MaxAttempts), Token: cj.Token, CreatedAt: cj.CreatedAt,
 		RunAt: cj.RunAt, AttemptedAt: cj.AttemptedAt, TraceContext: decodeTraceContext(cj.TraceContext),
-		claim: cj, db: db, started: time.Now()}
+		ConcurrencyKey: cj.ConcurrencyKey, claim: cj, db: db, started: time.Now()}
 	j.lease = &j.held
 	return j
 }

@@ -51,6 +51,8 @@ type counters struct {
 	// SetAside counts rows a claim failed instead of leasing, because they cannot be claimed (an
 	// attempt counter at the largest integer, which only an SQL client writes).
 	SetAside atomic.Int64
+	// RateLimited counts claims of a rate-limited queue that left it at its limit.
+	RateLimited atomic.Int64
 }
 
 func (m *counters) count(state string) {
@@ -94,9 +96,11 @@ type Pool struct {
 	picked      atomic.Bool // an insert picked this pool (a wake on wakeChannel) since it last re-armed
 	// ownPollEvery is ownPollEvery, for this pool (tests raise it).
 	ownPollEvery int
-	gate         wakeGate  // holds back notifications that keep leading to nothing
-	queues       queueView // leash.queues as last read, for routing claims
-	scan         claimScan // where the next claim of a single queue starts
+	gate         wakeGate      // holds back notifications that keep leading to nothing
+	queues       queueView     // leash.queues as last read, for routing claims
+	scan         claimScan     // where the next claim of a single queue starts
+	unkeyed      unkeyedProbes // when the claims of queues with a per-key limit look for jobs without a key
+	rates        rateHolds     // rate-limited queues at their limit, until when
 
 	finishCh    chan finishItem
 	outcomeWake chan struct{} // an outcome was queued: the finisher's flush interval starts

@@ -33,6 +33,13 @@ type QueueState struct {
 	PausedAt *time.Time
 	// MaxRunning caps the queue's running jobs across all workers; nil: no cap.
 	MaxRunning *int
+	// MaxRunningPerKey limits how many jobs of one concurrency key hold the key at once across
+	// all workers; nil: no per-key limit.
+	MaxRunningPerKey *int
+	// RateLimit limits the queue's job starts to this many in any window of RatePeriod across
+	// all workers (SetQueueRateLimit); nil: no rate limit.
+	RateLimit  *int
+	RatePeriod time.Duration
 	// Available counts jobs waiting to run (available or retryable, now or later).
 	Available int64
 	// Running counts jobs running now.
@@ -75,6 +82,26 @@ func SetQueueMaxRunning(ctx context.Context, db DB, name string, max int) error 
 	return store.SetQueueMaxRunning(ctx, db, name, cap)
 }
 
+// SetQueueMaxRunningPerKey limits the jobs of one concurrency key (InsertOpts.ConcurrencyKey) of
+// the queue to max holding the key at once across all workers, through leash.set_queue_max_running_per_key;
+// a negative max removes the limit. A job holds its key from its first start until it is finished:
+// while it runs, and while it waits to run again (a retry after an error, a snooze, a hand-back at
+// shutdown, a rescue after its worker died). With 1 a key is sequential: its jobs run one after
+// the other in the key's (priority, run_at, id) order. It binds every worker of this release from
+// its commit (it waits for the claims of the queue in flight); jobs already holding a key over a
+// lowered limit go on. Workers of releases before it ignore the limit. Jobs without a key are
+// limited only by the queue's pause and MaxRunning.
+func SetQueueMaxRunningPerKey(ctx context.Context, db DB, name string, max int) error {
+	if err := checkQueueName(name); err != nil {
+		return err
+	}
+	var limit *int
+	if max >= 0 {
+		limit = &max
+	}
+	return store.SetQueueMaxRunningPerKey(ctx, db, name, limit)
+}
+
 // ListQueues returns every queue that has a control row or unfinished jobs, by name.
 func ListQueues(ctx context.Context, db DB) ([]QueueState, error) {
 	rows, err := store.ListQueues(ctx, db)
@@ -83,7 +110,8 @@ func ListQueues(ctx context.Context, db DB) ([]QueueState, error) {
 	}
 	out := make([]QueueState, len(rows))
 	for i, r := range rows {
-		out[i] = QueueState{Name: r.Name, PausedAt: r.PausedAt, MaxRunning: r.MaxRunning, Available: r.Available, Running: r.Running}
+		out[i] = QueueState{Name: r.Name, PausedAt: r.PausedAt, MaxRunning: r.MaxRunning, MaxRunningPerKey: r.MaxRunningPerKey,
+			RateLimit: r.RateLimit, RatePeriod: r.RatePeriod, Available: r.Available, Running: r.Running}
 	}
 	return out, nil
 }
@@ -114,9 +142,10 @@ type queueView struct {
 }
 
 // claimPlan is what one claim round asks for: the active uncapped queues in one statement, then
-// the active capped ones each under its row's lock.
+// the active capped ones, those with a rate limit (rated) and those with a per-key limit (keyed,
+// whatever their rate limit) each under its row's lock.
 type claimPlan struct {
-	uncapped, capped []string
+	uncapped, capped, rated, keyed []string
 }
 
 // plan splits queues by the view. Paused queues are left out.
@@ -130,6 +159,10 @@ func (v *queueView) plan(queues []string) claimPlan {
 		case !ok:
 			cp.uncapped = append(cp.uncapped, q)
 		case row.Paused():
+		case row.MaxRunningPerKey != nil:
+			cp.keyed = append(cp.keyed, q)
+		case row.RateLimit != nil:
+			cp.rated = append(cp.rated, q)
 		case row.MaxRunning != nil:
 			cp.capped = append(cp.capped, q)
 		default:
@@ -161,6 +194,12 @@ func (v *queueView) waitable(queues []string) ([]string, string) {
 		if row.MaxRunning != nil {
 			key.WriteString("\x00capped")
 		}
+		if row.MaxRunningPerKey != nil {
+			key.WriteString("\x00keyed")
+		}
+		if row.RateLimit != nil {
+			key.WriteString("\x00rated")
+		}
 		key.WriteByte(0xff) // never in a queue name (valid UTF-8)
 	}
 	return out, key.String()
@@ -171,7 +210,7 @@ func (v *queueView) anyCapped() bool {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	for _, row := range v.rows {
-		if row.MaxRunning != nil && !row.Paused() {
+		if (row.MaxRunning != nil || row.MaxRunningPerKey != nil) && !row.Paused() {
 			return true
 		}
 	}
@@ -269,6 +308,7 @@ func (p *Pool) ensureMissing(ctx context.Context, rows map[string]store.QueueCon
 func (p *Pool) onQueueChanged(name string) {
 	if name == "*" || slices.Contains(p.cfg.Queues, name) { // "*": the table was truncated
 		p.queues.stale.Store(true)
+		p.rates.clear() // a rate limit may have changed
 		p.poke(p.wake)
 	}
 }

@@ -31,6 +31,10 @@ type Stats struct {
 	// SetAside counts rows a claim failed instead of leasing, because they cannot be claimed (an
 	// attempt counter at the largest integer, which only an SQL client writes).
 	SetAside int64
+	// RateLimited counts claims of a rate-limited queue (SetQueueRateLimit) that left it at its
+	// limit with jobs still to start, or found it there: the pool then passes over the queue until
+	// the limit lets it start a job again. Claims per second of a queue kept at its limit.
+	RateLimited int64
 	// EventsDropped counts job events not delivered to Config.Observer because it fell more than
 	// 65,536 events behind.
 	EventsDropped int64
@@ -78,7 +82,7 @@ func (p *Pool) Stats() Stats {
 		StaleWrites: m.StaleWrites.Load(), Panics: m.Panics.Load(), Stalled: m.Stalled.Load(),
 		Abandoned: m.Abandoned.Load(), TimedOut: m.TimedOut.Load(), Pruned: m.Pruned.Load(),
 		ScheduledJobs: m.ScheduledJobs.Load(), ScheduleErrors: m.ScheduleErrors.Load(),
-		RevokedByNotification: m.RevokedByNotification.Load(), SetAside: m.SetAside.Load(),
+		RevokedByNotification: m.RevokedByNotification.Load(), SetAside: m.SetAside.Load(), RateLimited: m.RateLimited.Load(),
 		EventsDropped: p.events.droppedCount(),
 		Lease: LeaseStats{
 			RenewalsSucceeded: l.RenewalsSucceeded.Load(), RenewalsFailed: l.RenewalsFailed.Load(),

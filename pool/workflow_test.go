@@ -315,3 +315,36 @@ func TestWorkflowReleasedJobClaimedWithoutAPoll(t *testing.T) {
 		t.Fatal("b not started within 10s of a's end (the poll is a minute away)")
 	}
 }
+
+// A job of a workflow keeps its concurrency key: the queue's per-key limit holds for it as for
+// any job.
+func TestWorkflowJobKeepsConcurrencyKey(t *testing.T) {
+	t.Parallel()
+	_, b := setup(t, nil, fastConfig(), nil)
+	ctx := context.Background()
+	opts := &pool.InsertOpts{ConcurrencyKey: "tenant-7"}
+	wf, err := pool.InsertWorkflow(ctx, b.db, "keyed", []pool.WorkflowJob{
+		{Step: "a", Kind: "step", Opts: opts}, {Step: "b", DependsOn: []string{"a"}, Kind: "step", Opts: opts},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A large workflow is copied in rather than inserted by a statement: the same holds.
+	wide := make([]pool.WorkflowJob, 300)
+	for i := range wide {
+		wide[i] = pool.WorkflowJob{Step: fmt.Sprintf("w%d", i), Kind: "step", Opts: opts}
+	}
+	wideWf, err := pool.InsertWorkflow(ctx, b.db, "keyed-wide", wide)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range append(wf.JobIDs, wideWf.JobIDs...) {
+		var key *string
+		if err := b.db.QueryRow(ctx, `SELECT concurrency_key FROM leash.jobs WHERE id = $1`, id).Scan(&key); err != nil {
+			t.Fatal(err)
+		}
+		if key == nil || *key != "tenant-7" {
+			t.Fatalf("job %d of the workflow has key %v", id, key)
+		}
+	}
+}

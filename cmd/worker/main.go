@@ -44,7 +44,7 @@ commands:
   revoke    revoke a job: worker revoke ID [-reason TEXT]
   retry     run a failed or cancelled job once more: worker retry ID
   status    show counts per queue and state, and the running jobs; status ID shows one job and its output
-  queue     list, pause, resume or cap queues: worker queue pause NAME (see worker queue)
+  queue     list, pause, resume, cap or limit per key queues: worker queue pause NAME (see worker queue)
   schedule  list, add or remove durable periodic jobs (see worker schedule)
   workflow  show a workflow's jobs or revoke them: worker workflow show|revoke ID
   health    probe a running worker's /readyz (for container health checks)

@@ -29,6 +29,13 @@ func TestQueueCommands(t *testing.T) {
 		{[]string{"queue", "resume", "mail"}, "queue mail resumed\n"},
 		{[]string{"queue", "resume", "mail"}, "queue mail was not paused\n"},
 		{[]string{"queue", "cap", "mail", "none"}, "queue mail uncapped\n"},
+		{[]string{"queue", "limit", "mail", "-per-key", "2"}, "queue mail: at most 2 jobs of one key at once\n"},
+		{[]string{"queue", "list"}, "PER KEY"},
+		{[]string{"queue", "limit", "mail", "-per-key", "none"}, "queue mail has no per-key limit\n"},
+		{[]string{"queue", "limit", "mail", "-rate", "2000/s"}, "queue mail: at most 2000/s starts\n"},
+		{[]string{"queue", "list"}, "2000/s"},
+		{[]string{"queue", "limit", "mail", "-rate", "30/1m30s"}, "queue mail: at most 30/1m30s starts\n"},
+		{[]string{"queue", "limit", "mail", "-rate", "none"}, "queue mail has no rate limit\n"},
 	}
 	for _, s := range steps {
 		out, err := runCmd(t, env, s.args...)
@@ -42,6 +49,9 @@ func TestQueueCommands(t *testing.T) {
 	}
 	for _, bad := range [][]string{{"queue"}, {"queue", "frob"}, {"queue", "pause"}, {"queue", "pause", "a", "b"},
 		{"queue", "cap", "mail", "-1"}, {"queue", "cap", "mail", "lots"}, {"queue", "pause", ""},
+		{"queue", "limit", "mail", "-per-key", "-1"}, {"queue", "limit", "mail", "-per-key"}, {"queue", "limit", "mail", "-cap", "2"},
+		{"queue", "limit", "mail", "-rate", "5"}, {"queue", "limit", "mail", "-rate", "-1/s"}, {"queue", "limit", "mail", "-rate", "5/0s"},
+		{"queue", "limit", "mail", "-rate", "5/forever"},
 		{"queue", "pause", "bad\xff"}, {"queue", "pause", strings.Repeat("q", 200)}} {
 		if _, err := runCmd(t, env, bad...); err == nil {
 			t.Errorf("%q accepted", bad)

@@ -29,6 +29,8 @@ type InsertParams struct {
 	UniqueWithin time.Duration
 	// TraceContext is the W3C trace context carrier as a JSON object; nil stores NULL.
 	TraceContext []byte
+	// ConcurrencyKey is the job's key for its queue's per-key limit; empty stores NULL (no key).
+	ConcurrencyKey string
 }
 
 func (p *InsertParams) scheduled() bool { return !p.RunAt.IsZero() || p.Delay > 0 }
@@ -50,18 +52,20 @@ const onKeyConflict = `
 
 // insertPlainSQL adds one job without a unique key.
 const insertPlainSQL = `
-	INSERT INTO leash.jobs (queue, kind, payload, priority, max_attempts, run_at, timeout, trace_context)
+	INSERT INTO leash.jobs (queue, kind, payload, priority, max_attempts, run_at, timeout, trace_context, concurrency_key)
 	VALUES ($1, $2, coalesce($3::pg_catalog.jsonb, '{}'), $4, $5,
-	        coalesce($6, pg_catalog.now() OPERATOR(pg_catalog.+) $7::interval), $8::interval, $9::pg_catalog.jsonb)
+	        coalesce($6, pg_catalog.now() OPERATOR(pg_catalog.+) $7::interval), $8::interval, $9::pg_catalog.jsonb,
+	        $10::pg_catalog.text)
 	RETURNING id`
 
 // insertSQL adds one job unless its unique key $9 is taken: by an unfinished job (the partial
 // unique index) or, when $10 is not NULL, by a job finished less than $10 ago. It returns no row
 // when the key is taken.
 const insertSQL = `
-	INSERT INTO leash.jobs (queue, kind, payload, priority, max_attempts, run_at, timeout, unique_key, trace_context)
+	INSERT INTO leash.jobs (queue, kind, payload, priority, max_attempts, run_at, timeout, unique_key, trace_context, concurrency_key)
 	SELECT $1, $2, coalesce($3::pg_catalog.jsonb, '{}'), $4, $5,
-	       coalesce($6, pg_catalog.now() OPERATOR(pg_catalog.+) $7::interval), $8::interval, $9, $11::pg_catalog.jsonb
+	       coalesce($6, pg_catalog.now() OPERATOR(pg_catalog.+) $7::interval), $8::interval, $9, $11::pg_catalog.jsonb,
+	       $12::pg_catalog.text
 	WHERE $10::interval IS NULL OR NOT EXISTS (
 		SELECT FROM leash.jobs f
 		WHERE f.unique_key OPERATOR(pg_catalog.=) $9
@@ -124,7 +128,7 @@ func InsertUnique(ctx context.Context, db DBTX, p InsertParams) (id int64, dupli
 	if p.UniqueKey == "" {
 		err = db.QueryRow(ctx, insertPlainSQL,
 			p.Queue, p.Kind, nullJSON(p.Payload), p.Priority, p.MaxAttempts, runAt, interval(p.Delay), nullInterval(p.Timeout),
-			nullJSON(p.TraceContext),
+			nullJSON(p.TraceContext), nullText(p.ConcurrencyKey),
 		).Scan(&id)
 		if err != nil {
 			return 0, false, explainInsertError("insert job", err)
@@ -136,7 +140,7 @@ func InsertUnique(ctx context.Context, db DBTX, p InsertParams) (id int64, dupli
 		return 0, false, fmt.Errorf("insert job: %w", err)
 	}
 	args := []any{p.Queue, p.Kind, nullJSON(p.Payload), p.Priority, p.MaxAttempts, runAt, interval(p.Delay),
-		nullInterval(p.Timeout), p.UniqueKey, nullInterval(p.UniqueWithin), nullJSON(p.TraceContext)}
+		nullInterval(p.Timeout), p.UniqueKey, nullInterval(p.UniqueWithin), nullJSON(p.TraceContext), nullText(p.ConcurrencyKey)}
 	// The holder of a key can finish between the insert and the lookup: then try again.
 	for range 5 {
 		if snapshot {
@@ -230,15 +234,15 @@ func inSavepoint(ctx context.Context, db DBTX, f func() error) error {
 // insertManyUniqueSQL adds many jobs in one statement, skipping each whose unique key is taken
 // (including by an earlier row of the same statement). COPY cannot skip conflicts.
 const insertManyUniqueSQL = `
-	INSERT INTO leash.jobs (queue, kind, payload, priority, max_attempts, run_at, timeout, unique_key, trace_context)
+	INSERT INTO leash.jobs (queue, kind, payload, priority, max_attempts, run_at, timeout, unique_key, trace_context, concurrency_key)
 	SELECT r.queue, r.kind, r.payload::pg_catalog.jsonb, r.priority, r.max_attempts,
 	       coalesce(r.run_at, pg_catalog.now() OPERATOR(pg_catalog.+) r.delay), r.timeout, r.unique_key,
-	       r.trace_context::pg_catalog.jsonb
+	       r.trace_context::pg_catalog.jsonb, r.concurrency_key
 	FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.text[]), pg_catalog.unnest($2::pg_catalog.text[]), pg_catalog.unnest($3::pg_catalog.text[]),
 	                pg_catalog.unnest($4::smallint[]), pg_catalog.unnest($5::int[]), pg_catalog.unnest($6::pg_catalog.timestamptz[]),
 	                pg_catalog.unnest($7::interval[]), pg_catalog.unnest($8::interval[]), pg_catalog.unnest($9::pg_catalog.text[]),
-	                pg_catalog.unnest($10::interval[]), pg_catalog.unnest($11::pg_catalog.text[]))
-	     AS r(queue, kind, payload, priority, max_attempts, run_at, delay, timeout, unique_key, within, trace_context)
+	                pg_catalog.unnest($10::interval[]), pg_catalog.unnest($11::pg_catalog.text[]), pg_catalog.unnest($12::pg_catalog.text[]))
+	     AS r(queue, kind, payload, priority, max_attempts, run_at, delay, timeout, unique_key, within, trace_context, concurrency_key)
 	WHERE r.within IS NULL OR NOT EXISTS (
 		SELECT FROM leash.jobs f
 		WHERE f.unique_key OPERATOR(pg_catalog.=) r.unique_key
@@ -253,7 +257,7 @@ const insertManyUniqueSQL = `
 func insertManyUnique(ctx context.Context, db DBTX, ps []InsertParams) (int64, error) {
 	n := len(ps)
 	queues, kinds, payloads := make([]string, n), make([]string, n), make([]string, n)
-	keys, traces := make([]*string, n), make([]*string, n)
+	keys, traces, ckeys := make([]*string, n), make([]*string, n), make([]*string, n)
 	prios, attempts := make([]int16, n), make([]int32, n)
 	runAts := make([]*time.Time, n)
 	delays, timeouts, withins := make([]pgtype.Interval, n), make([]pgtype.Interval, n), make([]pgtype.Interval, n)
@@ -265,6 +269,9 @@ func insertManyUnique(ctx context.Context, db DBTX, ps []InsertParams) (int64, e
 		}
 		if p.UniqueKey != "" {
 			keys[i] = &p.UniqueKey
+		}
+		if p.ConcurrencyKey != "" {
+			ckeys[i] = &p.ConcurrencyKey
 		}
 		queues[i], kinds[i] = p.Queue, p.Kind
 		payloads[i] = "{}"
@@ -284,7 +291,7 @@ func insertManyUnique(ctx context.Context, db DBTX, ps []InsertParams) (int64, e
 	var inserted int64
 	insert := func() error {
 		tag, err := db.Exec(ctx, insertManyUniqueSQL, queues, kinds, payloads, prios, attempts, runAts, delays, timeouts,
-			keys, withins, traces)
+			keys, withins, traces, ckeys)
 		inserted = tag.RowsAffected()
 		return err
 	}
@@ -300,6 +307,14 @@ func insertManyUnique(ctx context.Context, db DBTX, ps []InsertParams) (int64, e
 		return 0, explainInsertError("insert jobs with unique keys: nothing was inserted", err)
 	}
 	return inserted, nil
+}
+
+// nullText is s, or NULL when it is empty.
+func nullText(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
 }
 
 func nullJSON(b []byte) any {
@@ -332,11 +347,12 @@ func InsertMany(ctx context.Context, db CopyDB, ps []InsertParams) (int64, error
 			return 0, fmt.Errorf("insert jobs with unique keys: %T cannot run queries", db)
 		}
 	}
-	scheduled, timeouts, traces := false, false, false
+	scheduled, timeouts, traces, ckeys := false, false, false, false
 	for i := range ps {
 		scheduled = scheduled || ps[i].scheduled()
 		timeouts = timeouts || ps[i].Timeout > 0
 		traces = traces || ps[i].TraceContext != nil
+		ckeys = ckeys || ps[i].ConcurrencyKey != ""
 	}
 	cols := []string{"queue", "kind", "payload", "priority", "max_attempts"}
 	if timeouts {
@@ -344,6 +360,9 @@ func InsertMany(ctx context.Context, db CopyDB, ps []InsertParams) (int64, error
 	}
 	if traces {
 		cols = append(cols, "trace_context")
+	}
+	if ckeys {
+		cols = append(cols, "concurrency_key")
 	}
 	row := func(p *InsertParams) []any {
 		payload := p.Payload
@@ -356,6 +375,9 @@ func InsertMany(ctx context.Context, db CopyDB, ps []InsertParams) (int64, error
 		}
 		if traces {
 			r = append(r, nullJSON(p.TraceContext))
+		}
+		if ckeys {
+			r = append(r, nullText(p.ConcurrencyKey))
 		}
 		return r
 	}

@@ -99,6 +99,8 @@ type ClaimedJob struct {
 	// twice MaxTraceContextBytes as jsonb text (anything else any SQL client wrote reads as nil,
 	// never as an error).
 	TraceContext []byte
+	// ConcurrencyKey is the row's concurrency_key; empty when it has none.
+	ConcurrencyKey string
 	// SetAside: the row could not be leased (its attempt counter is at the largest integer,
 	// which only an SQL client writes) and the claim failed it instead, with an error naming
 	// why. It holds no lease (Token is 0) and must not run; it still counts as a position in
@@ -151,7 +153,7 @@ const claimReturning = `j.id, j.queue, j.kind, j.payload, j.priority, j.attempt,
 	          CASE WHEN jsonb_typeof(j.trace_context) = 'object'
 	                AND octet_length(j.trace_context::text) <= %d
 	               THEN j.trace_context::text END,
-	          j.state = 'failed'`
+	          j.state = 'failed', j.concurrency_key`
 
 // claimableSQL says whether a picked row can be leased: its attempt counter has room for one
 // more claim. The table refuses a queued row at the largest integer (sql/013); rows older than
@@ -193,7 +195,8 @@ const claimSQL = `
 // claimed by this statement; the pool creates the rows of its queues (EnsureQueues) before it
 // claims. Locking the row takes the UPDATE privilege on leash.queues, which roles without grants
 // lack: they cannot hold the row, and so cannot stall claims.
-var queueGateSQL = `SELECT FROM leash.queues q WHERE q.name = $1 AND q.paused_at IS NULL AND q.max_running IS NULL AND ` +
+var queueGateSQL = `SELECT FROM leash.queues q WHERE q.name = $1 AND q.paused_at IS NULL AND q.max_running IS NULL
+	AND q.max_running_per_key IS NULL AND q.rate_limit IS NULL AND ` +
 	queueChangeHintSQL + ` FOR SHARE SKIP LOCKED`
 
 // queueChangeHintSQL is true unless a change to leash.queues has been waiting for its rows for
@@ -245,7 +248,8 @@ var (
 	claimManyQueuesSQL = fmt.Sprintf(`
 	WITH gate AS (
 		SELECT q.name FROM leash.queues q
-		WHERE q.name = ANY($1::text[]) AND q.paused_at IS NULL AND q.max_running IS NULL AND `+queueChangeHintSQL+`
+		WHERE q.name = ANY($1::text[]) AND q.paused_at IS NULL AND q.max_running IS NULL AND q.max_running_per_key IS NULL
+		  AND q.rate_limit IS NULL AND `+queueChangeHintSQL+`
 		FOR SHARE SKIP LOCKED
 	), heads AS (
 		SELECT h.id, h.ctid, h.priority, h.run_at
@@ -283,7 +287,7 @@ const lockQueueRowSQL = `
 // held (another claim has it, or it is gone) it takes nothing.
 var claimCappedSQL = strings.Replace(strings.Replace(claimSQL,
 	"WITH picked AS (", `WITH room AS (
-		SELECT CASE WHEN q.paused_at IS NOT NULL THEN 0
+		SELECT CASE WHEN q.paused_at IS NOT NULL OR q.max_running_per_key IS NOT NULL OR q.rate_limit IS NOT NULL THEN 0
 		            WHEN q.max_running IS NULL THEN $2::int
 		            ELSE greatest(0, least($2::int, q.max_running - (
 		                SELECT count(*) FROM leash.jobs r WHERE r.queue = $1 AND r.state = 'running')::int))
@@ -413,8 +417,9 @@ func scanClaimed(rows pgx.Rows, limit int) ([]ClaimedJob, error) {
 	var timeoutMS int64
 	var created, runAt, attempted pgtype.Timestamptz
 	var queue, kind internedText
+	var key *string
 	dest := []any{&j.ID, &queue, &kind, &j.Payload, &j.Priority, &j.Attempt, &j.MaxAttempts,
-		&j.Token, &created, &runAt, &attempted, &timeoutMS, &j.TraceContext, &j.SetAside}
+		&j.Token, &created, &runAt, &attempted, &timeoutMS, &j.TraceContext, &j.SetAside, &key}
 	for rows.Next() {
 		// The claim has leased these rows already: a scan that failed would strand them until
 		// their leases expired.
@@ -424,6 +429,10 @@ func scanClaimed(rows pgx.Rows, limit int) ([]ClaimedJob, error) {
 		j.Queue, j.Kind = queue.s, kind.s
 		j.CreatedAt, j.RunAt, j.AttemptedAt = finiteTime(created), finiteTime(runAt), finiteTime(attempted)
 		j.Timeout = time.Duration(timeoutMS) * time.Millisecond
+		j.ConcurrencyKey = ""
+		if key != nil {
+			j.ConcurrencyKey = *key
+		}
 		jobs = append(jobs, j)
 	}
 	if err := rows.Err(); err != nil {

@@ -104,7 +104,7 @@ func TestSchemaStatus(t *testing.T) {
 // The embedded migrations run in the transaction that applies a release's schema whole, except
 // those listed here, which build indexes concurrently (docs/operations.md, Upgrading).
 func TestEmbeddedMigrationsAreTransactional(t *testing.T) {
-	outside := map[string]bool{"004_queues": true, "005_job_features": true, "020_workflows": true}
+	outside := map[string]bool{"004_queues": true, "005_job_features": true, "020_workflows": true, "025_concurrency_keys": true}
 	all, err := store.Migrations()
 	if err != nil {
 		t.Fatal(err)

@@ -35,7 +35,8 @@ func readmeGrants(t *testing.T, role string) []string {
 }
 
 // Nothing in schema leash is readable by every role but the two wake-up hints (timestamps the
-// triggers' WHEN reads as whoever inserts or finishes jobs), and no function running with its
+// triggers' WHEN reads as whoever inserts or finishes jobs) and the count of queues with a per-key
+// limit (read so too), and no function running with its
 // owner's rights is executable by every role. A role with USAGE on the schema alone reads no
 // table: not the schedules' payloads, not the queues, not the waiting workers.
 func TestNothingReadableWithoutAGrant(t *testing.T) {
@@ -46,7 +47,7 @@ func TestNothingReadableWithoutAGrant(t *testing.T) {
 		SELECT c.relname || ' ' || a.privilege_type
 		FROM pg_class c, aclexplode(c.relacl) a
 		WHERE c.relnamespace = 'leash'::regnamespace AND a.grantee = 0
-		  AND c.relname NOT IN ('waiting_until', 'room_waiting_until')
+		  AND c.relname NOT IN ('waiting_until', 'room_waiting_until', 'keyed_queues')
 		UNION ALL
 		SELECT c.relname || ' ' || a.attname || ' ' || x.privilege_type
 		FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid, aclexplode(a.attacl) x
@@ -79,7 +80,7 @@ func TestNothingReadableWithoutAGrant(t *testing.T) {
 	stranger := connAsRole(t, db, "leash_stranger", "GRANT USAGE ON SCHEMA leash TO %s")
 	rows, err = db.Query(ctx, `SELECT c.oid::regclass::text FROM pg_class c
 		WHERE c.relnamespace = 'leash'::regnamespace AND c.relkind IN ('r', 'S', 'v', 'm', 'p')
-		  AND c.relname NOT IN ('waiting_until', 'room_waiting_until') ORDER BY 1`)
+		  AND c.relname NOT IN ('waiting_until', 'room_waiting_until', 'keyed_queues') ORDER BY 1`)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,7 +16,17 @@ type QueueControl struct {
 	PausedAt *time.Time
 	// MaxRunning is nil when the queue is uncapped.
 	MaxRunning *int
+	// MaxRunningPerKey is nil when the queue has no per-key limit.
+	MaxRunningPerKey *int
+	// RateLimit is nil when the queue has no rate limit: else at most this many starts in any
+	// window of RatePeriod.
+	RateLimit *int
+	// RatePeriod is the rate limit's window (one second when the row leaves it NULL).
+	RatePeriod time.Duration
 }
+
+// ratePeriodMillisSQL reads rate_period as whole milliseconds (NULL: one second).
+const ratePeriodMillisSQL = `ceil(extract(epoch FROM coalesce(rate_period, interval '1 second')) * 1000)::bigint`
 
 // Paused reports whether the queue is paused.
 func (q QueueControl) Paused() bool { return q.PausedAt != nil }
@@ -25,7 +35,7 @@ func (q QueueControl) Paused() bool { return q.PausedAt != nil }
 // absent from the map.
 func QueueControls(ctx context.Context, db DBTX, names []string) (map[string]QueueControl, error) {
 	rows, err := db.Query(ctx, `
-		SELECT name, paused_at, max_running FROM leash.queues WHERE name = ANY($1::text[])`, names)
+		SELECT name, paused_at, max_running, max_running_per_key, rate_limit, `+ratePeriodMillisSQL+` FROM leash.queues WHERE name = ANY($1::text[])`, names)
 	if err != nil {
 		return nil, fmt.Errorf("read queue controls: %w", err)
 	}
@@ -33,9 +43,11 @@ func QueueControls(ctx context.Context, db DBTX, names []string) (map[string]Que
 	out := make(map[string]QueueControl)
 	for rows.Next() {
 		var q QueueControl
-		if err := rows.Scan(&q.Name, &q.PausedAt, &q.MaxRunning); err != nil {
+		var periodMS int64
+		if err := rows.Scan(&q.Name, &q.PausedAt, &q.MaxRunning, &q.MaxRunningPerKey, &q.RateLimit, &periodMS); err != nil {
 			return nil, fmt.Errorf("read queue controls: %w", err)
 		}
+		q.RatePeriod = time.Duration(periodMS) * time.Millisecond
 		out[q.Name] = q
 	}
 	if err := rows.Err(); err != nil {
@@ -84,7 +96,7 @@ type QueueInfo struct {
 
 // AllQueueControls reads every row of leash.queues, by name.
 func AllQueueControls(ctx context.Context, db DBTX) ([]QueueControl, error) {
-	rows, err := db.Query(ctx, `SELECT name, paused_at, max_running FROM leash.queues ORDER BY name`)
+	rows, err := db.Query(ctx, `SELECT name, paused_at, max_running, max_running_per_key, rate_limit, `+ratePeriodMillisSQL+` FROM leash.queues ORDER BY name`)
 	if err != nil {
 		return nil, fmt.Errorf("read queue controls: %w", err)
 	}
@@ -92,9 +104,11 @@ func AllQueueControls(ctx context.Context, db DBTX) ([]QueueControl, error) {
 	var out []QueueControl
 	for rows.Next() {
 		var q QueueControl
-		if err := rows.Scan(&q.Name, &q.PausedAt, &q.MaxRunning); err != nil {
+		var periodMS int64
+		if err := rows.Scan(&q.Name, &q.PausedAt, &q.MaxRunning, &q.MaxRunningPerKey, &q.RateLimit, &periodMS); err != nil {
 			return nil, fmt.Errorf("read queue controls: %w", err)
 		}
+		q.RatePeriod = time.Duration(periodMS) * time.Millisecond
 		out = append(out, q)
 	}
 	if err := rows.Err(); err != nil {

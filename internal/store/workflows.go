@@ -32,18 +32,19 @@ const insertWorkflowJobsSQL = `
 			pg_catalog.unnest($2::text[]), pg_catalog.unnest($3::text[]), pg_catalog.unnest($4::text[]),
 			pg_catalog.unnest($5::smallint[]), pg_catalog.unnest($6::integer[]), pg_catalog.unnest($7::timestamptz[]),
 			pg_catalog.unnest($8::interval[]), pg_catalog.unnest($9::interval[]), pg_catalog.unnest($10::text[]),
-			pg_catalog.unnest($11::text[]), pg_catalog.unnest($12::text[]), pg_catalog.unnest($13::boolean[]))
+			pg_catalog.unnest($11::text[]), pg_catalog.unnest($12::text[]), pg_catalog.unnest($13::boolean[]),
+			pg_catalog.unnest($14::text[]))
 		         WITH ORDINALITY AS u(queue, kind, payload, priority, max_attempts, run_at, delay, timeout,
-		                              trace_context, step, depends_on, may_fail, ord)
+		                              trace_context, step, depends_on, may_fail, concurrency_key, ord)
 	), ins AS (
 		INSERT INTO leash.jobs (queue, kind, payload, priority, max_attempts, run_at, timeout, trace_context,
-		                        workflow_id, step, depends_on, may_fail)
+		                        workflow_id, step, depends_on, may_fail, concurrency_key)
 		SELECT j.queue, j.kind, j.payload::pg_catalog.jsonb, j.priority, j.max_attempts,
 		       coalesce(j.run_at, pg_catalog.now() OPERATOR(pg_catalog.+) j.delay), j.timeout, j.trace_context::pg_catalog.jsonb,
 		       $1, j.step,
 		       CASE WHEN j.depends_on IS NOT NULL
 		            THEN ARRAY(SELECT pg_catalog.jsonb_array_elements_text(j.depends_on::pg_catalog.jsonb)) END,
-		       nullif(j.may_fail, false)
+		       nullif(j.may_fail, false), j.concurrency_key
 		FROM j ORDER BY j.ord
 		RETURNING id, step
 	)
@@ -71,6 +72,7 @@ func InsertWorkflowJobs(ctx context.Context, tx DBTX, wid int64, jobs []Workflow
 	prios, attempts := make([]int16, n), make([]int32, n)
 	runAts, delays, timeouts := make([]pgtype.Timestamptz, n), make([]pgtype.Interval, n), make([]pgtype.Interval, n)
 	traces, steps, deps, mayFail := make([]*string, n), make([]string, n), make([]*string, n), make([]bool, n)
+	ckeys := make([]*string, n)
 	for i := range jobs {
 		p := &jobs[i].Params
 		queues[i], kinds[i], prios[i], attempts[i] = p.Queue, p.Kind, p.Priority, p.MaxAttempts
@@ -98,9 +100,12 @@ func InsertWorkflowJobs(ctx context.Context, tx DBTX, wid int64, jobs []Workflow
 			deps[i] = &s
 		}
 		mayFail[i] = jobs[i].MayFail
+		if p.ConcurrencyKey != "" {
+			ckeys[i] = &p.ConcurrencyKey
+		}
 	}
 	rows, err := tx.Query(ctx, insertWorkflowJobsSQL, wid, queues, kinds, payloads, prios, attempts,
-		runAts, delays, timeouts, traces, steps, deps, mayFail)
+		runAts, delays, timeouts, traces, steps, deps, mayFail, ckeys)
 	if err != nil {
 		return nil, explainInsertError("insert workflow jobs", err)
 	}
@@ -134,7 +139,7 @@ func copyWorkflowJobs(ctx context.Context, tx DBTX, c copier, wid int64, jobs []
 		}
 	}
 	cols := []string{"queue", "kind", "payload", "priority", "max_attempts", "timeout", "trace_context",
-		"workflow_id", "step", "depends_on", "may_fail"}
+		"workflow_id", "step", "depends_on", "may_fail", "concurrency_key"}
 	if scheduled {
 		cols = append(cols, "run_at")
 	}
@@ -156,7 +161,7 @@ func copyWorkflowJobs(ctx context.Context, tx DBTX, c copier, wid int64, jobs []
 			mayFail = true
 		}
 		r := []any{p.Queue, p.Kind, string(payload), p.Priority, p.MaxAttempts, nullInterval(p.Timeout),
-			nullJSON(p.TraceContext), wid, j.Step, deps, mayFail}
+			nullJSON(p.TraceContext), wid, j.Step, deps, mayFail, nullText(p.ConcurrencyKey)}
 		if scheduled {
 			runAt := p.RunAt
 			if runAt.IsZero() {

@@ -473,7 +473,7 @@ func TestWorkflowHostileSizes(t *testing.T) {
 
 // A workflow large enough to be copied in writes the same rows as one inserted by the statement,
 // in chunks below the copy's threshold: states, unmet counts, dependencies, may_fail, payloads,
-// priorities, attempts, schedules, timeouts and trace contexts; and the ids returned are each
+// priorities, attempts, schedules, timeouts, trace contexts and concurrency keys; and the ids returned are each
 // step's own, in the order given.
 func TestWorkflowCopiedAsInserted(t *testing.T) {
 	t.Parallel()
@@ -499,6 +499,7 @@ func TestWorkflowCopiedAsInserted(t *testing.T) {
 			j.Params.TraceContext = []byte(`{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}`)
 		case 5:
 			j.Params.RunAt = time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+			j.Params.ConcurrencyKey = fmt.Sprintf("tenant-%d", i%7)
 		}
 		jobs[i] = j
 	}
@@ -526,10 +527,10 @@ func TestWorkflowCopiedAsInserted(t *testing.T) {
 	inserted, insertedIDs := insert(store.CopyWorkflowJobsMin - 1)
 	read := func(wid int64, ids []int64) []string {
 		rows, err := db.Query(ctx, `
-			SELECT format('%s %s %s %s %s %s %s run_at+%s %s %s %s %s %s', j.step, j.queue, j.kind, j.payload, j.priority,
+			SELECT format('%s %s %s %s %s %s %s run_at+%s %s %s %s %s %s key %s', j.step, j.queue, j.kind, j.payload, j.priority,
 			              j.max_attempts, j.state, CASE WHEN j.run_at > '2029-01-01' THEN j.run_at::text
 			                                            ELSE (j.run_at - j.created_at)::text END,
-			              j.timeout, j.trace_context, j.depends_on, j.may_fail, j.unmet)
+			              j.timeout, j.trace_context, j.depends_on, j.may_fail, j.unmet, j.concurrency_key)
 			FROM unnest($2::bigint[]) WITH ORDINALITY AS i(id, ord) JOIN leash.jobs j ON j.id = i.id
 			WHERE j.workflow_id = $1 ORDER BY i.ord`, wid, ids)
 		if err != nil {

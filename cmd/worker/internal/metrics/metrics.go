@@ -90,6 +90,7 @@ func RegisterPool(reg prometheus.Registerer, p *pool.Pool, db pool.DB) {
 		counter("leash_jobs_rescued_total", "Expired leases this worker took back.", stat(func(s pool.Stats) int64 { return s.Lease.Rescued })),
 		counter("leash_handler_panics_total", "Handler panics recovered.", stat(func(s pool.Stats) int64 { return s.Panics })),
 		counter("leash_jobs_timed_out_total", "Attempts cancelled by their timeout.", stat(func(s pool.Stats) int64 { return s.TimedOut })),
+		counter("leash_claims_rate_limited_total", "Claims of a rate-limited queue that left it at its limit (the worker passes over it until its next start is allowed).", stat(func(s pool.Stats) int64 { return s.RateLimited })),
 		counter("leash_jobs_set_aside_total", "Queued rows a claim failed instead of running, because no claim can take them (an attempt counter at its limit).", stat(func(s pool.Stats) int64 { return s.SetAside })),
 		counter("leash_jobs_abandoned_total", "Jobs left to their lease at shutdown because the handler ignored cancellation.", stat(func(s pool.Stats) int64 { return s.Abandoned })),
 		counter("leash_listener_backends_terminated_total", "Stranded LISTEN backends of earlier listener connections terminated.", stat(func(s pool.Stats) int64 { return s.Listener.Terminated })),

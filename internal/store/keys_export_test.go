@@ -1,0 +1,9 @@
+package store
+
+// Statements for keys_measure_test.go, which explains them on a table of many keys.
+var (
+	LockQueueRowSQL   = lockQueueRowSQL
+	ClaimKeyedSQL     = claimKeyedSQL
+	ClaimKeyedDoneSQL = claimKeyedDoneSQL
+	ClaimOneSQL       = claimOneQueueSQL
+)
