@@ -29,7 +29,8 @@ type InsertOpts struct {
 	Queue string
 	// Priority: lower runs first. Default 0.
 	Priority int16
-	// RunAt schedules the job; zero means now.
+	// RunAt schedules the job; zero means now. It must lie in PostgreSQL's range (4714 BC to
+	// 294276 AD): a time outside it is refused rather than stored as another.
 	RunAt time.Time
 	// Delay schedules the job this long from now on the database clock (when RunAt is zero).
 	Delay time.Duration
@@ -119,6 +120,9 @@ func params(kind string, payload any, opts *InsertOpts) (store.InsertParams, err
 	if o.Delay < 0 {
 		return store.InsertParams{}, fmt.Errorf("%w: delay %s is negative", ErrInvalidJob, o.Delay)
 	}
+	if !o.RunAt.IsZero() && (o.RunAt.Before(minRunAt) || !o.RunAt.Before(maxRunAt)) {
+		return store.InsertParams{}, fmt.Errorf("%w: run at %s is outside PostgreSQL's range (4714 BC to 294276 AD)", ErrInvalidJob, o.RunAt)
+	}
 	if o.Timeout < 0 || (o.Timeout > 0 && o.Timeout < time.Millisecond) || o.Timeout > MaxTimeout {
 		return store.InsertParams{}, fmt.Errorf("%w: timeout %s must be between 1ms and %s", ErrInvalidJob, o.Timeout, MaxTimeout)
 	}
@@ -153,6 +157,13 @@ func params(kind string, payload any, opts *InsertOpts) (store.InsertParams, err
 
 // MaxConcurrencyKeyBytes bounds InsertOpts.ConcurrencyKey, as the table's check does.
 const MaxConcurrencyKeyBytes = 1024
+
+// minRunAt and maxRunAt bound what a timestamptz holds. Beyond them, the driver's conversion to
+// microseconds overflows for the furthest times: year -300000 would be stored as year 284554.
+var (
+	minRunAt = time.Date(-4713, time.November, 24, 0, 0, 0, 0, time.UTC)
+	maxRunAt = time.Date(294277, time.January, 1, 0, 0, 0, 0, time.UTC)
+)
 
 // validName reports whether s can be stored as PostgreSQL text.
 func validName(s string) bool { return utf8.ValidString(s) && !strings.ContainsRune(s, 0) }

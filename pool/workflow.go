@@ -95,6 +95,10 @@ func workflowParams(jobs []WorkflowJob, known func(string) bool) ([]store.Workfl
 	out := make([]store.WorkflowJob, len(jobs))
 	for i, j := range jobs {
 		for _, d := range j.DependsOn {
+			if d == "" || len(d) > MaxWorkflowNameBytes || !validName(d) {
+				return nil, fmt.Errorf("%w: step %q depends on %q, which is no step name (1 to %d bytes of valid UTF-8 without NUL)",
+					ErrInvalidJob, truncateForError(j.Step), truncateForError(d), MaxWorkflowNameBytes)
+			}
 			if !steps[d] && (known == nil || !known(d)) {
 				return nil, fmt.Errorf("%w: step %q depends on unknown step %q", ErrInvalidJob, truncateForError(j.Step), truncateForError(d))
 			}

@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -63,6 +65,13 @@ func InsertWorkflowJobs(ctx context.Context, tx DBTX, wid int64, jobs []Workflow
 	for i := range jobs {
 		if jobs[i].Params.UniqueKey != "" {
 			return nil, fmt.Errorf("insert workflow jobs: step %q: a job of a workflow has no unique key", jobs[i].Step)
+		}
+		// The statement passes dependencies as JSON, whose encoder would replace invalid UTF-8
+		// with U+FFFD: another step's name.
+		for _, d := range jobs[i].DependsOn {
+			if !utf8.ValidString(d) || strings.ContainsRune(d, 0) {
+				return nil, fmt.Errorf("insert workflow jobs: step %q: dependency %q is not valid UTF-8 without NUL", jobs[i].Step, d)
+			}
 		}
 	}
 	if c, ok := tx.(copier); ok && n >= copyWorkflowJobsMin {
