@@ -12,7 +12,8 @@ import (
 	"github.com/leashq/leash/internal/store"
 )
 
-// The generic plans of the renewal and of the outcome batch read each lease's row once, through
+// The generic plans of the renewal, the outcome batch and the read of leases still held (after a
+// batch left some outcomes unwritten) read each lease's row once, through
 // the primary key, whatever the statistics say of running jobs: taken when none or one ran, or
 // never taken. A renewal that joined the table to its arrays was planned, under such
 // statistics, as a scan of the running jobs with the whole array scanned again for each of them:
@@ -74,23 +75,29 @@ func TestRenewAndFinishPlansAreLinearInLeases(t *testing.T) {
 			for _, q := range []string{
 				"PREPARE ren(bigint[], bigint[], bigint) AS " + store.RenewSQL,
 				"PREPARE fin(bigint[], bigint[], text[], bigint[], boolean[], jsonb[], text[], jsonb[]) AS " + store.FinishSQL,
+				"PREPARE held(bigint[], bigint[]) AS " + store.StillHeldSQL,
 			} {
 				if _, err := conn.Exec(ctx, q); err != nil {
 					t.Fatal(err)
 				}
 			}
-			for name, execute := range map[string]string{
-				"renewal": "EXECUTE ren(" + array(ids) + ", " + array(tokens) + ", 60000)",
-				"outcome batch": "EXECUTE fin(" + array(ids) + ", " + array(tokens) + ", " + same("completed") + ", " + same("0") + ", " +
-					same("f") + ", " + same("NULL") + ", " + same("NULL") + ", " + same("NULL") + ")",
+			for _, s := range []struct {
+				name, execute string
+				locks         bool // the rows it reads by lease are those it locks
+			}{
+				{"renewal", "EXECUTE ren(" + array(ids) + ", " + array(tokens) + ", 60000)", true},
+				{"outcome batch", "EXECUTE fin(" + array(ids) + ", " + array(tokens) + ", " + same("completed") + ", " + same("0") + ", " +
+					same("f") + ", " + same("NULL") + ", " + same("NULL") + ", " + same("NULL") + ")", true},
+				{"lease read", "EXECUTE held(" + array(ids) + ", " + array(tokens) + ")", false},
 			} {
-				plan, ms := explainAnalyzed(t, conn, execute)
+				name := s.name
+				plan, ms := explainAnalyzed(t, conn, s.execute)
 				if got := plan.ActualRows; got != leases {
 					t.Errorf("%s: wrote %.0f of %d rows", name, got, leases)
 				}
 				var removed float64
 				var probes []string
-				plan.walk(false, func(n *planNode, locking bool) {
+				plan.walk(!s.locks, func(n *planNode, locking bool) {
 					removed += (n.RemovedByFilter + n.RemovedByJoinFilter) * n.ActualLoops
 					if n.NodeType == "Function Scan" && n.ActualLoops > 1 {
 						t.Errorf("%s: the leases' array is scanned %.0f times", name, n.ActualLoops)
@@ -103,7 +110,7 @@ func TestRenewAndFinishPlansAreLinearInLeases(t *testing.T) {
 					t.Errorf("%s: %.0f rows filtered out for %d leases", name, removed, leases)
 				}
 				if want := fmt.Sprintf("Index Scan jobs_pkey x%d", leases); len(probes) != 1 || probes[0] != want {
-					t.Errorf("%s: the rows it locks are read by %v; want %s", name, probes, want)
+					t.Errorf("%s: the rows of the leases are read by %v; want %s", name, probes, want)
 				}
 				if t.Failed() {
 					t.Fatalf("%s, generic plan, %d leases, %.1f ms:\n%s", name, leases, ms, plan.text(0))
@@ -170,6 +177,7 @@ func explainAnalyzed(t *testing.T, db store.DBTX, stmt string) (*planNode, float
 // A renewal extends exactly the leases still held under their token, not revoked, on the
 // database clock, and returns their tokens: not a stale token's, nor a revoked, finished or
 // unknown job's; a job named twice, under an earlier claim's token and its current one, once.
+// StillHeld finds the same leases, and the revoked one.
 func TestRenewRenewsOnlyHeldLeases(t *testing.T) {
 	t.Parallel()
 	db := pgtest.Pool(t)
@@ -226,5 +234,13 @@ func TestRenewRenewsOnlyHeldLeases(t *testing.T) {
 	}
 	if !until.Equal(revokedUntil) {
 		t.Fatalf("the revoked job's lease moved from %v to %v", revokedUntil, until)
+	}
+	// StillHeld reads the same leases, revoked or not.
+	stillHeld, err := store.StillHeld(ctx, db, p.IDs, p.Tokens)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(stillHeld) != 3 || !stillHeld[held.ID] || !stillHeld[taken.ID] || !stillHeld[revoked.ID] {
+		t.Fatalf("still held: %v; want jobs %d, %d and %d", stillHeld, held.ID, taken.ID, revoked.ID)
 	}
 }
