@@ -535,9 +535,10 @@ func Renew(ctx context.Context, db DBTX, p RenewParams) ([]int64, error) {
 // and scanned the whole array for each of them, a cost in the square of the leases (4 million
 // rows filtered out for 2,000 leases). The state is compared with the lease's own column rather
 // than a constant, so that no plan can read the running jobs' partial indexes, every running
-// row, for each lease instead. Locking and its conditions stay together: a row another
-// transaction changed since the statement began is checked again once locked, on its latest
-// version.
+// row, for each lease instead; the leases' subquery, sorted, is kept as written (never merged
+// into the outer query), so the column stays a value read per lease. Locking and its conditions
+// stay together: a row another transaction changed since the statement began is checked again
+// once locked, on its latest version.
 const renewSQL = `
 		WITH locked AS (
 			SELECT l.id
