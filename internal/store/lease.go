@@ -536,13 +536,28 @@ func Renew(ctx context.Context, db DBTX, p RenewParams) ([]int64, error) {
 	return ids, nil
 }
 
+// renewSQL is driven by the leases: each (id, token), in id order, finds its row through the
+// primary key and locks it there (LATERAL: one index probe per lease, whatever the statistics),
+// so that overlapping renewals and outcome batches lock their rows in the same order. A join of
+// the table to the arrays leaves the order of the two to the planner: with statistics that
+// count few running rows (taken when few ran, or never), a generic plan read the running jobs
+// and scanned the whole array for each of them, a cost in the square of the leases (4 million
+// rows filtered out for 2,000 leases). The state is compared with the lease's own column rather
+// than a constant, so that no plan can read the running jobs' partial indexes, every running
+// row, for each lease instead; the leases' subquery, sorted, is kept as written (never merged
+// into the outer query), so the column stays a value read per lease. Locking and its conditions
+// stay together: a row another transaction changed since the statement began is checked again
+// once locked, on its latest version.
 const renewSQL = `
 		WITH locked AS (
-			SELECT j.id FROM leash.jobs j
-			JOIN unnest($1::bigint[], $2::bigint[]) AS u(id, token) ON j.id = u.id AND j.lease_token = u.token
-			WHERE j.state = 'running' AND j.revoked_at IS NULL
-			ORDER BY j.id
-			FOR NO KEY UPDATE OF j SKIP LOCKED
+			SELECT l.id
+			FROM (SELECT u.id, u.token, 'running'::text AS state
+			      FROM unnest($1::bigint[], $2::bigint[]) AS u(id, token)
+			      ORDER BY u.id) AS u
+			CROSS JOIN LATERAL (
+				SELECT j.id FROM leash.jobs j
+				WHERE j.id = u.id AND j.lease_token = u.token AND j.state = u.state AND j.revoked_at IS NULL
+				FOR NO KEY UPDATE SKIP LOCKED) AS l
 		)
 		UPDATE leash.jobs j
 		SET lease_expires_at = now() + $3 * interval '1 millisecond', heartbeat_at = now()

@@ -317,10 +317,7 @@ func invalidOutput(err error) []byte {
 // StillHeld returns which of the jobs ids[i] still carry tokens[i] (read without a lock): an
 // outcome Finish did not write for such a job met a locked row, not a lost lease.
 func StillHeld(ctx context.Context, db DBTX, ids, tokens []int64) (map[int64]bool, error) {
-	rows, err := db.Query(ctx, `
-		SELECT j.id FROM leash.jobs j
-		JOIN unnest($1::bigint[], $2::bigint[]) AS u(id, token) ON j.id = u.id AND j.lease_token = u.token
-		WHERE j.state = 'running'`, ids, tokens)
+	rows, err := db.Query(ctx, stillHeldSQL, ids, tokens)
 	if err != nil {
 		return nil, fmt.Errorf("read leases: %w", err)
 	}
@@ -334,6 +331,20 @@ func StillHeld(ctx context.Context, db DBTX, ids, tokens []int64) (map[int64]boo
 	}
 	return out, nil
 }
+
+// stillHeldSQL reads each lease's row through the primary key, as renewSQL does and for the same
+// reason: a join of the table to the arrays may be planned, under statistics that count few
+// running jobs, as a scan of the whole array for every running row. OFFSET 0 keeps both
+// subqueries as written (neither is merged into a join the planner could reorder, nor the state
+// folded into a constant that the running jobs' partial indexes match).
+const stillHeldSQL = `
+		SELECT h.id
+		FROM (SELECT u.id, u.token, 'running'::text AS state
+		      FROM unnest($1::bigint[], $2::bigint[]) AS u(id, token) OFFSET 0) AS u
+		CROSS JOIN LATERAL (
+			SELECT j.id FROM leash.jobs j
+			WHERE j.id = u.id AND j.lease_token = u.token AND j.state = u.state
+			OFFSET 0) AS h`
 
 // ErrFenced means a fenced write found the lease gone: the job is no longer held under the
 // token the caller has.

@@ -1,7 +1,8 @@
 package store
 
-// Statements for planner_test.go, which explains their generic plans.
+// Statements for planner_test.go and renewplan_test.go, which explain their generic plans.
 var (
-	FinishSQL = finishSQL
-	RenewSQL  = renewSQL
+	FinishSQL    = finishSQL
+	RenewSQL     = renewSQL
+	StillHeldSQL = stillHeldSQL
 )
