@@ -22,8 +22,9 @@ type KeyUse struct {
 const KeyCountCap = 1000
 
 // KeysLooked bounds the keys ReadQueueKeys and JobsWaitingOnKeyLimit look at, per queue and per
-// source: the first KeysLooked keys (in key order) that jobs hold, and the first KeysLooked keys
-// in the order the queue's claims walk them (the keys next in line).
+// source: the first KeysLooked keys (in key order) that jobs hold, the first KeysLooked keys (in
+// key order) with jobs not yet started, and the first KeysLooked keys in the order the queue's
+// claims walk them (the keys next in line).
 const KeysLooked = 100
 
 // QueueKeys is a bounded look at the concurrency keys of a queue (ReadQueueKeys).
@@ -35,14 +36,15 @@ type QueueKeys struct {
 	AtLimit []KeyUse
 	// Busiest are the keys with the most jobs waiting, most first, with their holders.
 	Busiest []KeyUse
-	// Looked is how many keys were looked at: at most 2×KeysLooked.
+	// Looked is how many keys were looked at: at most 3×KeysLooked.
 	Looked int
 }
 
 // ReadQueueKeys looks at the concurrency keys of queue: which are at the queue's per-key limit
 // (SetQueueMaxRunningPerKey), which have the most jobs waiting; at most top of each. It is
-// bounded whatever the number of the queue's jobs and keys: it looks at no more than 2×KeysLooked
-// keys (the first ones, in key order, that jobs hold, and the ones next in line to be claimed)
+// bounded whatever the number of the queue's jobs and keys: it looks at no more than 3×KeysLooked
+// keys (the first ones, in key order, that jobs hold or that have jobs not yet started, and the
+// ones next in line to be claimed)
 // and counts each one's jobs up to KeyCountCap, on the indexes of migration 025 only. A key
 // outside those may be missing: the lists are a view of the keys that matter now, not a census.
 func ReadQueueKeys(ctx context.Context, db DB, queue string, top int) (QueueKeys, error) {

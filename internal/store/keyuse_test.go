@@ -80,7 +80,7 @@ func TestKeyUseReadsIndexesOnly(t *testing.T) {
 			}
 		}
 	}
-	if atLimit != 100 || waiting != 100 {
-		t.Fatalf("%d keys at their limit and %d next in line; want 100 each", atLimit, waiting)
+	if atLimit < 100 || waiting < 100 || len(uses) > 300 {
+		t.Fatalf("%d keys at their limit and %d next in line; want at least 100 each of at most 300 keys", atLimit, waiting)
 	}
 }
