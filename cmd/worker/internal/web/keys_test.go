@@ -5,9 +5,13 @@ import (
 	"html"
 	"net/http"
 	"net/url"
+	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/chromedp/chromedp"
 
 	"github.com/leashq/leash/cmd/worker/internal/pgtest"
 	"github.com/leashq/leash/cmd/worker/internal/web"
@@ -111,4 +115,64 @@ func between(t *testing.T, s, start, end string) string {
 		t.Fatalf("page lacks %s after %s", end, start)
 	}
 	return s[i : i+j]
+}
+
+// In a browser: the queue list links the queue's page, whose key at its limit is shown as text
+// (its markup neither rendered nor run).
+func TestQueuePageInBrowser(t *testing.T) {
+	t.Parallel()
+	browserMu.Lock()
+	defer browserMu.Unlock()
+	browser, err := exec.LookPath("chromium")
+	if err != nil {
+		if os.Getenv("LEASH_REQUIRE_BROWSER") != "" {
+			t.Fatal("chromium not installed (install Debian's chromium package)")
+		}
+		t.Skip("chromium not installed; set LEASH_REQUIRE_BROWSER=1 to make this a failure")
+	}
+	db := pgtest.Pool(t)
+	srv := serve(t, web.Options{DB: db, AdminOpen: true})
+	bg := context.Background()
+	const key = `<img src=x onerror="document.title='run'">`
+	if err := pool.SetQueueMaxRunningPerKey(bg, db, "kq", 1); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if _, err := pool.Insert(bg, db, "w", nil, &pool.InsertOpts{Queue: "kq", ConcurrencyKey: key}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := db.Exec(bg, `
+		UPDATE leash.jobs SET state = 'running', attempt = 1, attempted_at = now(), leased_by = 'w',
+		       lease_token = id, lease_expires_at = now() + interval '1 hour'
+		WHERE id = (SELECT min(id) FROM leash.jobs)`); err != nil {
+		t.Fatal(err)
+	}
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(browser), chromedp.NoSandbox,
+		chromedp.Flag("disable-quic", true), chromedp.Flag("disable-background-networking", true))
+	actx, cancel := chromedp.NewExecAllocator(bg, opts...)
+	defer cancel()
+	ctx, cancel := chromedp.NewContext(actx)
+	defer cancel()
+	ctx, cancel = context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	step := func(a chromedp.Action[chromedp.Void]) {
+		t.Helper()
+		if _, err := chromedp.Run(ctx, a); err != nil {
+			t.Fatalf("browser: %v", err)
+		}
+	}
+	step(chromedp.Navigate(srv.URL + "/"))
+	step(chromedp.Click(`#queue-list tr[data-queue="kq"] a`))
+	step(chromedp.WaitVisible("#keys-at-limit"))
+	cell, err := chromedp.Run(ctx, chromedp.Text("#keys-at-limit tr:nth-child(2) code"))
+	if err != nil || cell != key {
+		t.Fatalf("key at its limit shown as %q, %v", cell, err)
+	}
+	if imgs, err := chromedp.Run(ctx, chromedp.Evaluate[int](`document.querySelectorAll('img').length`)); err != nil || imgs != 0 {
+		t.Fatalf("%d img elements on the page, %v", imgs, err)
+	}
+	if title, err := chromedp.Run(ctx, chromedp.Title()); err != nil || title == "run" {
+		t.Fatalf("title %q, %v", title, err)
+	}
 }
