@@ -35,7 +35,7 @@ func TestQueuePageKeys(t *testing.T) {
 	}
 	script, quotes := `<script>alert(1)</script>`, `it's "quoted" & <b>`
 	odd := `Ã©\xff` + "\u202e\ufffd\u200b" // looks like broken UTF-8, is valid text
-	long := strings.Repeat("é", 512)      // 1024 bytes
+	long := strings.Repeat("é", 512)       // 1024 bytes
 	jobs := map[string]int{script: 4, quotes: 2, odd: 3, long: 5}
 	for k, n := range jobs {
 		for range n {
