@@ -7,3 +7,6 @@ var (
 	ClaimKeyedDoneSQL = claimKeyedDoneSQL
 	ClaimOneSQL       = claimOneQueueSQL
 )
+
+// KeyUseSQL is the statement of ReadKeyUse, for its plan.
+const KeyUseSQL = keyUseSQL

@@ -124,6 +124,9 @@ func RegisterPool(reg prometheus.Registerer, p *pool.Pool, db pool.DB) {
 		&pausedVec{desc: prometheus.NewDesc("leash_queue_paused",
 			"1 for each of the worker's queues that is paused (leash.pause_queue), 0 for an active one, as of the worker's last read of leash.queues.",
 			[]string{"queue"}, nil), p: p},
+		&keyLimitVec{desc: prometheus.NewDesc("leash_jobs_waiting_on_key_limit",
+			"Jobs due but not started because their concurrency key is at its queue's per-key limit, for each of the worker's queues with one; read at scrape time on at most 300 keys of each queue, each counted up to 1000 (pool.JobsWaitingOnKeyLimit: a lower bound beyond).",
+			[]string{"queue"}, nil), p: p, db: db},
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
@@ -158,5 +161,28 @@ func (v *pausedVec) Collect(ch chan<- prometheus.Metric) {
 			val = 1
 		}
 		ch <- prometheus.MustNewConstMetric(v.desc, prometheus.GaugeValue, val, q)
+	}
+}
+
+// keyLimitVec reports leash_jobs_waiting_on_key_limit for each of the pool's queues that has a
+// per-key limit, read at scrape time (one bounded statement per such queue, on index entries
+// only); nothing when the database does not answer.
+type keyLimitVec struct {
+	desc *prometheus.Desc
+	p    *pool.Pool
+	db   pool.DB
+}
+
+func (v *keyLimitVec) Describe(ch chan<- *prometheus.Desc) { ch <- v.desc }
+
+func (v *keyLimitVec) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	waiting, err := pool.JobsWaitingOnKeyLimit(ctx, v.db, v.p.Config().Queues)
+	if err != nil {
+		return // the scrape goes on without it, as leash_notification_queue_usage reports -1
+	}
+	for q, n := range waiting {
+		ch <- prometheus.MustNewConstMetric(v.desc, prometheus.GaugeValue, float64(n), q)
 	}
 }

@@ -50,10 +50,15 @@ func controlFlashText(code string, id int64) string {
 // queueName reads the queue a form names, or "" when it is not a name a queue can have.
 func queueName(r *http.Request) string {
 	q := r.PostFormValue("queue")
-	if q == "" || utf8.RuneCountInString(q) > 128 || !utf8.ValidString(q) || strings.IndexFunc(q, unicode.IsControl) >= 0 {
+	if !validQueueName(q) {
 		return ""
 	}
 	return q
+}
+
+// validQueueName reports whether q is a name a queue can have (and the page can show).
+func validQueueName(q string) bool {
+	return q != "" && utf8.RuneCountInString(q) <= 128 && utf8.ValidString(q) && strings.IndexFunc(q, unicode.IsControl) < 0
 }
 
 // queueAction pauses or resumes the queue a form names.

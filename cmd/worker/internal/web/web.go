@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -83,7 +84,9 @@ func New(o Options) (http.Handler, error) {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
 	t, err := template.New("").Funcs(template.FuncMap{
-		"age": fmtAge,
+		"age":        fmtAge,
+		"pathEscape": url.PathEscape,
+		"key":        shortKey,
 		"short": func(s string) string {
 			if len(s) > 160 {
 				return truncate(s, 160) + "…"
@@ -115,6 +118,7 @@ func New(o Options) (http.Handler, error) {
 	admin.HandleFunc("POST /jobs/{id}/retry", s.retry)
 	admin.HandleFunc("GET /workflows/{id}", s.workflow)
 	admin.HandleFunc("POST /workflows/{id}/revoke", s.revokeWorkflow)
+	admin.HandleFunc("GET /queues/{name}", s.queue)
 	admin.HandleFunc("POST /queues/pause", s.queueAction(true))
 	admin.HandleFunc("POST /queues/resume", s.queueAction(false))
 	// The Host check comes first: a DNS-rebinding page (its own name resolving to this address)
