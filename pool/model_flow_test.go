@@ -25,6 +25,7 @@ package pool_test
 //	LEASH_MODEL_SEED=<n>  run only that seed
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -106,6 +107,13 @@ type flowLive struct {
 	ctx   context.Context
 }
 
+// flowBatch is an insert of the driver: the last id it inserted, and the database's clock once it
+// had committed.
+type flowBatch struct {
+	last int64
+	at   time.Time
+}
+
 // flowStart is a start of a job: its id and attempted_at (microseconds).
 type flowStart struct {
 	id int64
@@ -136,7 +144,8 @@ type flowModel struct {
 	order      map[[2]string][]int64            // a sequential key's starts, job ids
 	starts     map[string]map[flowStart]bool    // a rated queue's starts seen by handlers
 	ops        map[string]int
-	atLimit    int // starts that found their key at its limit: the limits bind
+	batches    []flowBatch // the driver's inserts, in order
+	atLimit    int         // starts that found their key at its limit: the limits bind
 	jobs       int
 }
 
@@ -313,19 +322,31 @@ func (m *flowModel) checkHolders(ctx context.Context, j *pool.Job, bound int, fi
 	if !q.seq || !first || j.Attempt != 1 {
 		return
 	}
-	// Jobs of the key before j in its order, due when j was claimed and inserted well before
-	// (an insert in flight as the claim ran is not seen by it), never started.
+	// Jobs of the key before j in its order, due when j was claimed, never started.
 	if err := m.db.QueryRow(cctx, `SELECT coalesce(array_agg(k.id ORDER BY k.id), '{}') FROM leash.jobs j
 		JOIN leash.jobs k ON k.queue = j.queue AND k.concurrency_key = j.concurrency_key AND k.id <> j.id
 		WHERE j.id = $1 AND k.attempted_at IS NULL AND k.state IN ('available', 'retryable') AND k.revoked_at IS NULL
-		  AND k.run_at <= j.attempted_at AND k.created_at < j.attempted_at - interval '200 milliseconds'
-		  AND (k.priority, k.run_at, k.id) < (j.priority, j.run_at, j.id)`, j.ID).Scan(&ids); err != nil {
+		  AND k.run_at <= j.attempted_at AND (k.priority, k.run_at, k.id) < (j.priority, j.run_at, j.id)`, j.ID).Scan(&ids); err != nil {
 		m.violate("job %d: reading its key's earlier jobs: %v", j.ID, err)
 		return
 	}
+	// Only those committed before j's claim began (its attempted_at): an insert in flight as the
+	// claim ran is not seen by it.
+	m.mu.Lock()
+	ids = slices.DeleteFunc(ids, func(id int64) bool {
+		i, _ := slices.BinarySearchFunc(m.batches, id, func(b flowBatch, id int64) int { return cmp.Compare(b.last, id) })
+		return i == len(m.batches) || !m.batches[i].at.Before(j.AttemptedAt)
+	})
+	m.mu.Unlock()
 	if len(ids) > 0 {
-		m.violate("job %d (%s/%s, priority %d) started first while jobs %v of its sequential key, earlier in (priority, run_at, id), waited",
-			j.ID, j.Queue, j.ConcurrencyKey, j.Priority, ids)
+		var rows []string
+		if err := m.db.QueryRow(cctx, `SELECT coalesce(array_agg(format('%s: priority %s run_at %s created_at %s attempted_at %s state %s attempt %s',
+			id, priority, run_at, created_at, attempted_at, state, attempt) ORDER BY id), '{}') FROM leash.jobs WHERE id = ANY ($1)`,
+			append([]int64{j.ID}, ids...)).Scan(&rows); err != nil {
+			rows = []string{err.Error()}
+		}
+		m.violate("job %d (%s/%s, priority %d, run_at %s, attempted_at %s) started first while jobs %v of its sequential key, earlier in (priority, run_at, id), waited: %q",
+			j.ID, j.Queue, j.ConcurrencyKey, j.Priority, j.RunAt.Format(time.RFC3339Nano), j.AttemptedAt.Format(time.RFC3339Nano), ids, rows)
 	}
 }
 
@@ -439,6 +460,14 @@ func (m *flowModel) insert(ctx context.Context, burst bool) {
 			}
 		}
 	}
+	var last int64
+	var at time.Time
+	if err := m.db.QueryRow(ctx, `SELECT max(id), clock_timestamp() FROM leash.jobs`).Scan(&last, &at); err != nil {
+		m.t.Fatalf("seed %d: %v", m.seed, err)
+	}
+	m.mu.Lock()
+	m.batches = append(m.batches, flowBatch{last: last, at: at})
+	m.mu.Unlock()
 	m.jobs += n
 	m.ops["insert"]++
 }
