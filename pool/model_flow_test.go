@@ -322,11 +322,13 @@ func (m *flowModel) checkHolders(ctx context.Context, j *pool.Job, bound int, fi
 	if !q.seq || !first || j.Attempt != 1 {
 		return
 	}
-	// Jobs of the key before j in its order, due when j was claimed, never started.
+	// Jobs of the key before j in its order, due when j was claimed, never started; j's place as
+	// claimed (its row may have changed since: a lease taken away and rescued).
 	if err := m.db.QueryRow(cctx, `SELECT coalesce(array_agg(k.id ORDER BY k.id), '{}') FROM leash.jobs j
 		JOIN leash.jobs k ON k.queue = j.queue AND k.concurrency_key = j.concurrency_key AND k.id <> j.id
 		WHERE j.id = $1 AND k.attempted_at IS NULL AND k.state IN ('available', 'retryable') AND k.revoked_at IS NULL
-		  AND k.run_at <= j.attempted_at AND (k.priority, k.run_at, k.id) < (j.priority, j.run_at, j.id)`, j.ID).Scan(&ids); err != nil {
+		  AND k.run_at <= $2 AND (k.priority, k.run_at, k.id) < ($3::smallint, $4::timestamptz, j.id)`,
+		j.ID, j.AttemptedAt, j.Priority, j.RunAt).Scan(&ids); err != nil {
 		m.violate("job %d: reading its key's earlier jobs: %v", j.ID, err)
 		return
 	}
