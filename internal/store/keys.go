@@ -38,6 +38,14 @@ const claimKeyedWakesSQL = `SELECT leash.claim_keyed_wakes($1, $2)`
 // claimKeyedDoneSQL brings the keys the claim walked up to date, after it leased their jobs.
 const claimKeyedDoneSQL = `SELECT leash.claim_keyed_done($1, $2)`
 
+// claimKeyedLockTimeoutSQL bounds every lock wait of a keyed claim's transactions. Under the
+// queue's row no other claim writes the queue's rows of leash.concurrency_keys and leash.key_wakes
+// and the jobs are taken SKIP LOCKED, so a wait is for a session holding such a row or table (an
+// operator's forgotten SELECT ... FOR UPDATE, or FOR KEY SHARE, which a DELETE waits for): the
+// claim of this queue fails after 100ms, as leash.rate_take does, rather than keep the worker's
+// claim, and with it the claims of its other queues, waiting until that session ends.
+const claimKeyedLockTimeoutSQL = `SET LOCAL lock_timeout = '100ms'`
+
 // KeyedParams are ClaimParams for ClaimKeyed, and whether to look for the queue's jobs without a
 // key too whether or not some were inserted or queued again since the last claim that looked
 // (their walk passes over the queue's keyed jobs, so it is made only when there is reason to
@@ -64,12 +72,14 @@ func ClaimKeyed(ctx context.Context, db Batcher, p KeyedParams) ([]ClaimedJob, e
 	// is derived from leash.jobs and redone should it be lost, so its commit does not wait for
 	// the disk.
 	b.Queue(`BEGIN ISOLATION LEVEL READ COMMITTED, READ WRITE`)
+	b.Queue(claimKeyedLockTimeoutSQL)
 	b.Queue(`SET LOCAL synchronous_commit = off`)
 	wakeMark := strconv.FormatUint(rand.Uint64(), 36)
 	b.Queue(lockQueueRowSQL, q, wakeMark)
 	b.Queue(claimKeyedWakesSQL, q, wakeMark)
 	b.Queue(`COMMIT`)
 	b.Queue(`BEGIN ISOLATION LEVEL READ COMMITTED, READ WRITE`)
+	b.Queue(claimKeyedLockTimeoutSQL)
 	mark := strconv.FormatUint(rand.Uint64(), 36)
 	b.Queue(lockQueueRowSQL, q, mark)
 	b.Queue(claimKeyedSQL, q, p.Limit, p.WorkerID, millis(p.Lease), mark, p.Unkeyed)
@@ -77,7 +87,8 @@ func ClaimKeyed(ctx context.Context, db Batcher, p KeyedParams) ([]ClaimedJob, e
 	b.Queue(`COMMIT`)
 	br := db.SendBatch(ctx, b)
 	defer br.Close()
-	for _, step := range []string{"begin", "set synchronous_commit", "lock the queue's row", "bring woken keys up to date", "commit", "begin"} {
+	for _, step := range []string{"begin", "bound lock waits", "set synchronous_commit", "lock the queue's row",
+		"bring woken keys up to date", "commit", "begin", "bound lock waits"} {
 		if _, err := br.Exec(); err != nil {
 			return nil, fmt.Errorf("claim jobs of queue %q: %s: %w", q, step, err)
 		}
