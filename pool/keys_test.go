@@ -199,7 +199,9 @@ func perKeyLimitAcrossPools(t *testing.T, db *pgxpool.Pool, limit int) {
 		cfg := fastConfig()
 		cfg.Queues = []string{"keyed"}
 		cfg.Concurrency = 20
-		p, _ := setup(t, db, cfg, map[string]pool.Handler{"kw": keyHandler(k, 2*time.Millisecond)})
+		// Each attempt runs 20 ms, so that under a loaded machine too the jobs of a key overlap
+		// and the limit is reached (checked below), not only respected.
+		p, _ := setup(t, db, cfg, map[string]pool.Handler{"kw": keyHandler(k, 20*time.Millisecond)})
 		start(t, p)
 	}
 	waitFor(t, 60*time.Second, func() bool {
