@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/leashq/leash/internal/pgtest"
@@ -588,5 +590,92 @@ func TestWorkflowInsertSkipsOnlyWhatItWouldNotChange(t *testing.T) {
 	_, err = tx.Exec(ctx, `INSERT INTO leash.jobs (kind, workflow_id, step) VALUES ('k', $1, 'x'), ('k', $1 + 1000, 'y')`, wid)
 	if err == nil || !strings.Contains(err.Error(), "does not exist") {
 		t.Fatalf("a job of a workflow that does not exist, after one of an existing workflow: %v; want it refused", err)
+	}
+}
+
+// The release that ends an outcome statement reads the jobs waiting for the completed ones
+// through the edges' primary key, one probe per completed job, under the statistics of a fresh
+// fan-out (10,000 edges analyzed, where a hash join over a scan of every edge looked cheaper):
+// the plan the statement ran, read with auto_explain, has no sequential scan of
+// leash.workflow_edges or leash.jobs.
+func TestWorkflowReleaseReadsEdgesByIndex(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := pgtest.URL(t)
+	db := pgtest.PoolFor(t, url)
+	const n = 10000
+	jobs := make([]store.WorkflowJob, n+1)
+	steps := make([]string, n)
+	for i := range steps {
+		steps[i] = fmt.Sprintf("c%d", i)
+		jobs[i] = store.WorkflowJob{Step: steps[i], Params: store.InsertParams{Queue: "default", Kind: "k", MaxAttempts: 3}}
+	}
+	jobs[n] = store.WorkflowJob{Step: "join", DependsOn: steps, Params: store.InsertParams{Queue: "default", Kind: "k", MaxAttempts: 3}}
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	wid := newWorkflow(t, tx)
+	if _, err := store.InsertWorkflowJobs(ctx, tx, wid, jobs); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	exec(t, db, `ANALYZE leash.jobs`)
+	exec(t, db, `ANALYZE leash.workflow_edges`)
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var plans []string
+	cfg.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
+		mu.Lock()
+		defer mu.Unlock()
+		plans = append(plans, n.Message)
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, `LOAD 'auto_explain'`); err != nil {
+		t.Skipf("auto_explain is not installed: %v", err)
+	}
+	for _, s := range []string{"auto_explain.log_min_duration = 0", "auto_explain.log_nested_statements = on",
+		"auto_explain.log_analyze = on", "client_min_messages = log"} {
+		if _, err := conn.Exec(ctx, "SET "+s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 6 { // past the five executions after which a cached plan may turn generic
+		claimed, err := ensureAndClaim(ctx, db, store.ClaimParams{Queues: []string{"default"}, Limit: 100, WorkerID: "w", Lease: time.Minute})
+		if err != nil || len(claimed) == 0 {
+			t.Fatalf("claimed %d: %v", len(claimed), err)
+		}
+		outs := make([]store.Outcome, len(claimed))
+		for i, j := range claimed {
+			outs[i] = store.Outcome{ID: j.ID, Token: j.Token, State: "completed"}
+		}
+		if _, err := store.Finish(ctx, conn, outs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	releases := 0
+	for _, p := range plans {
+		if !strings.Contains(p, "WITH waiting AS") {
+			continue
+		}
+		releases++
+		if strings.Contains(p, "Seq Scan on workflow_edges") || strings.Contains(p, "Seq Scan on jobs") {
+			t.Fatalf("the release scanned a table:\n%s", p)
+		}
+	}
+	if releases != 6 {
+		t.Fatalf("%d plans of the release read, want 6", releases)
 	}
 }
