@@ -70,7 +70,7 @@ func (b *bench) keysClaim(ctx context.Context) {
 			var jobs []store.ClaimedJob
 			var err error
 			if keyed {
-				jobs, err = store.ClaimKeyed(ctx, db, store.KeyedParams{ClaimParams: p})
+				jobs, _, err = store.ClaimKeyed(ctx, db, store.KeyedParams{ClaimParams: p})
 			} else {
 				jobs, err = store.Claim(ctx, db, p)
 			}

@@ -570,7 +570,7 @@ func (p *Pool) claim(ctx context.Context, limit int) (n int, busy bool, err erro
 		probe := p.unkeyed.due(q, p.cfg.PollInterval)
 		params := store.KeyedParams{Unkeyed: probe,
 			ClaimParams: store.ClaimParams{Queues: []string{q}, Limit: limit - claimed, WorkerID: p.cfg.ID, Lease: p.cfg.LeaseDuration}}
-		jobs, err := store.ClaimKeyed(sctx, controlDB{p}, params)
+		jobs, next, err := store.ClaimKeyed(sctx, controlDB{p}, params)
 		if err != nil {
 			if errors.Is(err, store.ErrQueueBusy) {
 				busy = true
@@ -581,6 +581,9 @@ func (p *Pool) claim(ctx context.Context, limit int) (n int, busy bool, err erro
 			continue
 		}
 		p.unkeyed.record(q, jobs, probe)
+		// A key of the queue comes due then (a job scheduled, room again under a rate limit): the
+		// loop claims again at that time, without holding the queue back meanwhile.
+		p.rates.nudge(q, next, func() { p.poke(p.wake) })
 		p.startAll(jobs, sentAt)
 		claimed += len(jobs)
 	}

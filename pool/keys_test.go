@@ -556,4 +556,22 @@ func TestPerKeyLimitWithDocsGrants(t *testing.T) {
 	if m := k.mostRunning(); m > 1 {
 		t.Fatalf("%d jobs of one key ran at once; the limit is 1", m)
 	}
+	// A per-key rate limit, set by the operator, and the worker's retention of its starts.
+	if _, err := operator.Exec(ctx, `SELECT leash.set_queue_key_rate_limit('gq', 1, interval '50 milliseconds')`); err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{"a", "a", "b"} {
+		if _, err := pool.Insert(ctx, inserter, "kw", nil, &pool.InsertOpts{Queue: "gq", ConcurrencyKey: key}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, 10*time.Second, func() bool {
+		return count(t, db, `SELECT count(*) FROM leash.jobs WHERE state = 'completed'`) == 7
+	})
+	waitFor(t, 10*time.Second, func() bool {
+		if _, err := p.PruneOnce(ctx); err != nil {
+			t.Fatalf("retention as the worker's role: %v", err)
+		}
+		return count(t, db, `SELECT count(*) FROM leash.key_rates`) == 0
+	})
 }

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"slices"
+	"time"
 
 	"github.com/leashq/leash/internal/store"
 )
@@ -15,6 +16,10 @@ type KeyUse struct {
 	Holders int64
 	// Waiting counts the key's jobs not yet started that are due now.
 	Waiting int64
+	// OutOfRate: the key has no room under the queue's per-key rate limit
+	// (SetQueueKeyRateLimit); RateWait is how long until it has (0 under a limit of 0: never).
+	OutOfRate bool
+	RateWait  time.Duration
 }
 
 // KeyCountCap bounds the counts of ReadQueueKeys and JobsWaitingOnKeyLimit: a key's Holders and
@@ -34,6 +39,13 @@ type QueueKeys struct {
 	// AtLimit are the keys held by as many jobs as the limit allows (or more, after the limit was
 	// lowered), most jobs waiting first: their due jobs wait for a holder to finish.
 	AtLimit []KeyUse
+	// KeyRateLimit is the queue's per-key rate limit (starts per KeyRatePeriod); nil: it has
+	// none, and OutOfRate is empty.
+	KeyRateLimit  *int
+	KeyRatePeriod time.Duration
+	// OutOfRate are the keys with no room under the per-key rate limit, most jobs waiting first:
+	// their due jobs wait for the window to pass.
+	OutOfRate []KeyUse
 	// Busiest are the keys with the most jobs waiting, most first, with their holders.
 	Busiest []KeyUse
 	// Looked is how many keys were looked at: at most 3×KeysLooked.
@@ -59,7 +71,9 @@ func ReadQueueKeys(ctx context.Context, db DB, queue string, top int) (QueueKeys
 	if err != nil {
 		return QueueKeys{}, err
 	}
-	qk := QueueKeys{MaxRunningPerKey: rows[queue].MaxRunningPerKey, Looked: len(uses)}
+	row := rows[queue]
+	qk := QueueKeys{MaxRunningPerKey: row.MaxRunningPerKey, KeyRateLimit: row.KeyRateLimit, KeyRatePeriod: row.KeyRatePeriod,
+		Looked: len(uses)}
 	byWaiting := func(a, b store.KeyUse) int {
 		return cmp.Or(cmp.Compare(b.Waiting, a.Waiting), cmp.Compare(b.Holders, a.Holders), cmp.Compare(a.Key, b.Key))
 	}
@@ -68,6 +82,9 @@ func ReadQueueKeys(ctx context.Context, db DB, queue string, top int) (QueueKeys
 		ku := KeyUse(u)
 		if qk.MaxRunningPerKey != nil && u.Holders >= int64(*qk.MaxRunningPerKey) && len(qk.AtLimit) < top {
 			qk.AtLimit = append(qk.AtLimit, ku)
+		}
+		if u.OutOfRate && len(qk.OutOfRate) < top {
+			qk.OutOfRate = append(qk.OutOfRate, ku)
 		}
 		if u.Waiting > 0 && len(qk.Busiest) < top {
 			qk.Busiest = append(qk.Busiest, ku)
@@ -98,6 +115,36 @@ func JobsWaitingOnKeyLimit(ctx context.Context, db DB, queues []string) (map[str
 		var n int64
 		for _, u := range uses {
 			if u.Holders >= int64(*row.MaxRunningPerKey) {
+				n += u.Waiting
+			}
+		}
+		out[name] = n
+	}
+	return out, nil
+}
+
+// JobsWaitingOnKeyRate counts, for each of queues that has a per-key rate limit
+// (SetQueueKeyRateLimit), the due jobs not yet started of its keys with no room under it: jobs
+// that would start but for the limit. It looks and counts as JobsWaitingOnKeyLimit does (a lower
+// bound beyond KeysLooked keys or KeyCountCap jobs of one key). Queues without a per-key rate
+// limit are absent.
+func JobsWaitingOnKeyRate(ctx context.Context, db DB, queues []string) (map[string]int64, error) {
+	rows, err := store.QueueControls(ctx, db, queues)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]int64)
+	for name, row := range rows {
+		if row.KeyRateLimit == nil {
+			continue
+		}
+		uses, err := store.ReadKeyUse(ctx, db, name, KeysLooked, KeyCountCap)
+		if err != nil {
+			return nil, err
+		}
+		var n int64
+		for _, u := range uses {
+			if u.OutOfRate {
 				n += u.Waiting
 			}
 		}

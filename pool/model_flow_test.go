@@ -2,9 +2,11 @@ package pool_test
 
 // A model-based randomized test of flow control: per-key limits, sequential keys and rate limits.
 //
-// Each seed draws three or four queues (one sequential: a per-key limit of 1 that never changes;
+// Each seed draws four or five queues (one sequential: a per-key limit of 1 that never changes;
 // one whose per-key limit is changed under load, removed and set again; one rate-limited, small
-// limits of 20 to 50 starts per 200ms; sometimes an unlimited one) and drives three or four real
+// limits of 20 to 50 starts per 200ms; one with a per-key rate limit of 2 to 5 starts per 150ms,
+// changed under load, sometimes with a per-key limit or a rate limit beside it; sometimes an
+// unlimited one) and drives three or four real
 // pools sharing one fresh database through inserts of jobs with few keys, many keys or none
 // (single and InsertMany, some of higher priority, some scheduled), scripted handler endings
 // (success, an error retried, a snooze, a permanent failure), forced lease expiry (rescued by a
@@ -19,7 +21,8 @@ package pool_test
 // order waits unstarted, and a job's attempts are never interleaved with another job of its key;
 // (c) in any window of the period that begins after the last change of the rate limit (and
 // ends before the next change began), a rate-limited queue's starts, read from attempted_at in
-// the database and recorded by the handlers, never exceed the limit; (d) everything drains:
+// the database and recorded by the handlers, never exceed the limit; (e) the same for each key of
+// the queue with a per-key rate limit, under its limit and period; (d) everything drains:
 // nothing is left queued that a pool could claim, no key stays stuck.
 //
 //	LEASH_MODEL_SEED=<n>  run only that seed
@@ -85,6 +88,10 @@ type flowQueue struct {
 	rated   bool
 	period  time.Duration
 	segs    []rateSeg
+	// The per-key rate limit, as rated, period and segs are the queue's.
+	keyRated  bool
+	keyPeriod time.Duration
+	keySegs   []rateSeg
 }
 
 // rateSeg is a rate limit from the commit of its change (from) until the next change began.
@@ -143,6 +150,7 @@ type flowModel struct {
 	runs       map[int64]int                    // how many times each job's handler started
 	order      map[[2]string][]int64            // a sequential key's starts, job ids
 	starts     map[string]map[flowStart]bool    // a rated queue's starts seen by handlers
+	keyStarts  map[[2]string]map[flowStart]bool // a key-rated queue's starts by key, seen by handlers
 	ops        map[string]int
 	batches    []flowBatch // the driver's inserts, in order
 	atLimit    int         // starts that found their key at its limit: the limits bind
@@ -227,6 +235,23 @@ func (m *flowModel) setRate(ctx context.Context, q *flowQueue, n int) {
 	m.ops["rate limit"]++
 }
 
+// setKeyRate sets queue q's per-key rate limit to n per its key period, recording when the
+// change began and committed.
+func (m *flowModel) setKeyRate(ctx context.Context, q *flowQueue, n int) {
+	began := m.dbNow(ctx)
+	if err := pool.SetQueueKeyRateLimit(ctx, m.db, q.name, n, q.keyPeriod); err != nil {
+		m.t.Fatalf("seed %d: set the per-key rate limit of %s: %v", m.seed, q.name, err)
+	}
+	done := m.dbNow(ctx)
+	m.mu.Lock()
+	if len(q.keySegs) > 0 {
+		q.keySegs[len(q.keySegs)-1].until = began
+	}
+	q.keySegs = append(q.keySegs, rateSeg{from: done, until: time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC), limit: n})
+	m.mu.Unlock()
+	m.ops["key rate limit"]++
+}
+
 // handle checks the key's holders as the attempt starts, then plays the job's script.
 func (m *flowModel) handle(ctx context.Context, j *pool.Job) error {
 	q := m.qs[j.Queue]
@@ -237,6 +262,12 @@ func (m *flowModel) handle(ctx context.Context, j *pool.Job) error {
 	run := m.runs[j.ID]
 	if q.rated {
 		m.starts[j.Queue][flowStart{j.ID, j.AttemptedAt.UnixMicro()}] = true
+	}
+	if q.keyRated && j.ConcurrencyKey != "" {
+		if m.keyStarts[key] == nil {
+			m.keyStarts[key] = map[flowStart]bool{}
+		}
+		m.keyStarts[key][flowStart{j.ID, j.AttemptedAt.UnixMicro()}] = true
 	}
 	bound := q.bound
 	if j.ConcurrencyKey != "" {
@@ -392,11 +423,13 @@ func newFlowModel(t *testing.T, seed int64) *flowModel {
 	url := pgtest.URL(t)
 	m := &flowModel{t: t, seed: seed, rng: rand.New(rand.NewPCG(uint64(seed), 25)), url: url, db: pgtest.PoolFor(t, url),
 		qs: map[string]*flowQueue{}, live: map[[2]string]map[int64]flowLive{}, expired: map[int64]bool{},
-		runs: map[int64]int{}, order: map[[2]string][]int64{}, starts: map[string]map[flowStart]bool{}, ops: map[string]int{}}
+		runs: map[int64]int{}, order: map[[2]string][]int64{}, starts: map[string]map[flowStart]bool{}, ops: map[string]int{},
+		keyStarts: map[[2]string]map[flowStart]bool{}}
 	ctx := context.Background()
-	add := func(name string, perKey int, rate bool, keys int) {
+	add := func(name string, perKey int, rate bool, keys int) *flowQueue {
 		q := &flowQueue{name: name, seq: perKey == 1 && name == "seq", keys: keys, empty: m.rng.IntN(30),
-			perKey: unbounded, bound: unbounded, settled: true, rated: rate, period: 200 * time.Millisecond}
+			perKey: unbounded, bound: unbounded, settled: true, rated: rate, period: 200 * time.Millisecond,
+			keyPeriod: 150 * time.Millisecond}
 		m.qs[name] = q
 		m.names = append(m.names, name)
 		if perKey != unbounded {
@@ -406,6 +439,7 @@ func newFlowModel(t *testing.T, seed int64) *flowModel {
 			m.starts[name] = map[flowStart]bool{}
 			m.setRate(ctx, q, 20+m.rng.IntN(31))
 		}
+		return q
 	}
 	few := func() int { return []int{2, 3, 40}[m.rng.IntN(3)] }
 	add("seq", 1, m.rng.IntN(3) == 0, few())
@@ -415,6 +449,13 @@ func newFlowModel(t *testing.T, seed int64) *flowModel {
 		rk = 1 + m.rng.IntN(3)
 	}
 	add("rated", rk, true, few())
+	kr := unbounded
+	if m.rng.IntN(3) == 0 {
+		kr = 1 + m.rng.IntN(3)
+	}
+	q := add("krate", kr, m.rng.IntN(4) == 0, few())
+	q.keyRated = true
+	m.setKeyRate(ctx, q, 2+m.rng.IntN(4))
 	if m.rng.IntN(2) == 0 {
 		add("free", unbounded, false, few())
 	}
@@ -429,8 +470,11 @@ func (m *flowModel) insert(ctx context.Context, burst bool) {
 	n := 1 + m.rng.IntN(6)
 	if burst {
 		n = 30 + m.rng.IntN(61)
-		if m.rng.IntN(2) == 0 {
+		switch m.rng.IntN(3) {
+		case 0:
 			q = m.qs["rated"]
+		case 1:
+			q = m.qs["krate"]
 		}
 	}
 	batch := make([]pool.InsertManyParams, n)
@@ -526,6 +570,9 @@ func (m *flowModel) step(ctx context.Context) {
 			if q := m.qs[name]; q.rated && m.rng.IntN(2) == 0 {
 				m.setRate(ctx, q, 20+m.rng.IntN(31))
 			}
+		}
+		if m.rng.IntN(2) == 0 {
+			m.setKeyRate(ctx, m.qs["krate"], 2+m.rng.IntN(4))
 		}
 	}
 	m.settle(ctx)
@@ -679,6 +726,59 @@ func (m *flowModel) check(ctx context.Context) {
 		t.Logf("seed %d: queue %s: %d starts, at most %d in a window, %d windows at the limit (%d rate changes)",
 			m.seed, name, len(ats), most, full, len(q.segs)-1)
 	}
+	// (e) The starts of each key of the key-rated queue, as (c) for the queue.
+	q := m.qs["krate"]
+	byKey := map[string]map[flowStart]bool{}
+	for key, st := range m.keyStarts {
+		byKey[key[1]] = maps.Clone(st)
+	}
+	rows, err := m.db.Query(ctx, `SELECT concurrency_key, id, attempted_at FROM leash.jobs
+		WHERE queue = 'krate' AND concurrency_key IS NOT NULL AND attempted_at IS NOT NULL`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var key string
+		var id int64
+		var at time.Time
+		if err := rows.Scan(&key, &id, &at); err != nil {
+			t.Fatal(err)
+		}
+		if byKey[key] == nil {
+			byKey[key] = map[flowStart]bool{}
+		}
+		byKey[key][flowStart{id, at.UnixMicro()}] = true
+	}
+	rows.Close()
+	keyMost, keyFull, keyStarts := 0, 0, 0
+	for key, all := range byKey {
+		var ats []int64
+		for s := range all {
+			ats = append(ats, s.at)
+		}
+		slices.Sort(ats)
+		keyStarts += len(ats)
+		for _, seg := range q.keySegs {
+			from, until, p := seg.from.UnixMicro(), seg.until.UnixMicro(), q.keyPeriod.Microseconds()
+			for i, a := range ats {
+				if a < from || a+p > until {
+					continue
+				}
+				n, _ := slices.BinarySearch(ats, a+p)
+				keyMost = max(keyMost, n-i)
+				if n-i == seg.limit {
+					keyFull++
+				}
+				if n-i > seg.limit {
+					m.violate("queue krate, key %s: %d starts in the %s from %s; the per-key limit is %d", key, n-i, q.keyPeriod,
+						time.UnixMicro(a).UTC().Format(time.RFC3339Nano), seg.limit)
+					break
+				}
+			}
+		}
+	}
+	t.Logf("seed %d: queue krate: %d starts of %d keys, at most %d of a key in a window, %d windows at the limit (%d changes)",
+		m.seed, keyStarts, len(byKey), keyMost, keyFull, len(q.keySegs)-1)
 	var total, completed int
 	m.db.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE state = 'completed') FROM leash.jobs`).Scan(&total, &completed)
 	t.Logf("seed %d: %d jobs, %d completed, %d starts found their key at its limit; ops %v", m.seed, total, completed, m.atLimit, m.ops)

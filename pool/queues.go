@@ -40,6 +40,11 @@ type QueueState struct {
 	// all workers (SetQueueRateLimit); nil: no rate limit.
 	RateLimit  *int
 	RatePeriod time.Duration
+	// KeyRateLimit limits the starts of the jobs of each concurrency key to this many in any
+	// window of KeyRatePeriod across all workers (SetQueueKeyRateLimit); nil: no per-key rate
+	// limit.
+	KeyRateLimit  *int
+	KeyRatePeriod time.Duration
 	// Available counts jobs waiting to run (available or retryable, now or later).
 	Available int64
 	// Running counts jobs running now.
@@ -111,7 +116,8 @@ func ListQueues(ctx context.Context, db DB) ([]QueueState, error) {
 	out := make([]QueueState, len(rows))
 	for i, r := range rows {
 		out[i] = QueueState{Name: r.Name, PausedAt: r.PausedAt, MaxRunning: r.MaxRunning, MaxRunningPerKey: r.MaxRunningPerKey,
-			RateLimit: r.RateLimit, RatePeriod: r.RatePeriod, Available: r.Available, Running: r.Running}
+			RateLimit: r.RateLimit, RatePeriod: r.RatePeriod, KeyRateLimit: r.KeyRateLimit, KeyRatePeriod: r.KeyRatePeriod,
+			Available: r.Available, Running: r.Running}
 	}
 	return out, nil
 }
@@ -159,7 +165,7 @@ func (v *queueView) plan(queues []string) claimPlan {
 		case !ok:
 			cp.uncapped = append(cp.uncapped, q)
 		case row.Paused():
-		case row.MaxRunningPerKey != nil:
+		case row.Keyed():
 			cp.keyed = append(cp.keyed, q)
 		case row.RateLimit != nil:
 			cp.rated = append(cp.rated, q)
@@ -194,7 +200,7 @@ func (v *queueView) waitable(queues []string) ([]string, string) {
 		if row.MaxRunning != nil {
 			key.WriteString("\x00capped")
 		}
-		if row.MaxRunningPerKey != nil {
+		if row.Keyed() {
 			key.WriteString("\x00keyed")
 		}
 		if row.RateLimit != nil {
@@ -210,7 +216,7 @@ func (v *queueView) anyCapped() bool {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	for _, row := range v.rows {
-		if (row.MaxRunning != nil || row.MaxRunningPerKey != nil) && !row.Paused() {
+		if (row.MaxRunning != nil || row.Keyed()) && !row.Paused() {
 			return true
 		}
 	}

@@ -36,6 +36,35 @@ func SetQueueRateLimit(ctx context.Context, db DB, name string, n int, period ti
 // MaxRateLimit bounds SetQueueRateLimit's n, as the table's check does.
 const MaxRateLimit = 1_000_000
 
+// SetQueueKeyRateLimit limits the starts of the jobs of each concurrency key
+// (InsertOpts.ConcurrencyKey) of the queue to n in any window of period across all workers,
+// through leash.set_queue_key_rate_limit; a negative n removes the limit, 0 starts no job with a
+// key. Starts are counted as SetQueueRateLimit counts them, per key, and the limit is as exact
+// (every claim of the queue writes the starts of each key it started, see
+// sql/029_key_rate_limits.sql); it combines with the queue's other limits (a per-key limit, a
+// rate limit, MaxRunning): a job starts only when each has room. Jobs without a key are not
+// limited by it. A key with no room costs the claims nothing: they pass over it until its oldest
+// counted start leaves the window, and the worker that claimed last wakes then to claim it. It
+// binds every worker of this release from its commit; workers of releases before it ignore the
+// limit. period is rounded up to the millisecond, between 1 ms and 31 days; n at most 10,000.
+func SetQueueKeyRateLimit(ctx context.Context, db DB, name string, n int, period time.Duration) error {
+	if err := checkQueueName(name); err != nil {
+		return err
+	}
+	var limit *int
+	if n >= 0 {
+		if n > MaxKeyRateLimit || period < time.Millisecond || period > 31*24*time.Hour {
+			return fmt.Errorf("pool: per-key rate limit must be 0 to %d starts per 1ms to 31 days, got %d per %s", MaxKeyRateLimit, n, period)
+		}
+		limit = &n
+	}
+	_, err := store.SetQueueKeyRateLimit(ctx, db, name, limit, period)
+	return err
+}
+
+// MaxKeyRateLimit bounds SetQueueKeyRateLimit's n, as the table's check does.
+const MaxKeyRateLimit = 10_000
+
 // rateHolds keeps, per rate-limited queue, until when its last claim found the limit reached:
 // the pool does not claim the queue before then (the database remains the authority: a claim
 // then may still find no room, another worker having taken it), and a timer wakes the claim
@@ -45,6 +74,7 @@ const MaxRateLimit = 1_000_000
 type rateHolds struct {
 	mu       sync.Mutex
 	until    map[string]time.Time
+	nudges   map[string]time.Time // when to wake the loop for a queue, without holding it back
 	claiming map[string]bool
 	timer    *time.Timer
 	at       time.Time // when timer fires; zero when none is set
@@ -84,6 +114,27 @@ func (r *rateHolds) hold(queue string, d time.Duration, wake func()) {
 	}
 	end := time.Now().Add(d)
 	r.until[queue] = end
+	r.arm(end, d, wake)
+}
+
+// nudge makes sure wake runs once d (if d > 0) has passed, without keeping queue from claims
+// meanwhile; a later nudge of the same queue replaces it.
+func (r *rateHolds) nudge(queue string, d time.Duration, wake func()) {
+	if d <= 0 {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.nudges == nil {
+		r.nudges = make(map[string]time.Time)
+	}
+	end := time.Now().Add(d)
+	r.nudges[queue] = end
+	r.arm(end, d, wake)
+}
+
+// arm sets the timer to fire at end (d from now) unless it fires before. r.mu is held.
+func (r *rateHolds) arm(end time.Time, d time.Duration, wake func()) {
 	if !r.at.IsZero() && !end.Before(r.at) {
 		return // the timer set fires first, and sets the next
 	}
@@ -102,6 +153,14 @@ func (r *rateHolds) fired(wake func()) {
 	now := time.Now()
 	for _, u := range r.until {
 		if u.After(now) && (next.IsZero() || u.Before(next)) {
+			next = u
+		}
+	}
+	for q, u := range r.nudges {
+		switch {
+		case !u.After(now):
+			delete(r.nudges, q)
+		case next.IsZero() || u.Before(next):
 			next = u
 		}
 	}

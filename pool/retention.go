@@ -24,9 +24,19 @@ const (
 // own short statement, rows locked by another worker skipped), and returns how many it deleted.
 // Then it deletes, in batches as well, the rows of workflows that have no jobs left and were
 // created longer ago than the shorter of the two retentions (not counted in the result); never
-// one a transaction is inserting a job into.
+// one a transaction is inserting a job into. It also deletes the recorded starts of the keys of
+// queues with a per-key rate limit that have all left their window (leash.key_rates).
 func (p *Pool) PruneOnce(ctx context.Context) (int64, error) {
 	var total int64
+	for {
+		n, err := store.DeleteIdleKeyRates(ctx, controlDB{p}, retentionBatch)
+		if err != nil {
+			return total, err
+		}
+		if n < retentionBatch {
+			break
+		}
+	}
 	for _, c := range []struct {
 		completed bool
 		keep      time.Duration
@@ -98,7 +108,7 @@ func (p *Pool) runRetention(ctx context.Context) {
 			warned[code] = true
 			msg := "deleting old finished jobs failed"
 			if code == "42501" {
-				msg = "deleting old finished jobs failed: the worker's role lacks a grant (EXECUTE on leash.delete_empty_workflows: see the privileges in docs/sql.md)"
+				msg = "deleting old finished jobs failed: the worker's role lacks a grant (EXECUTE on leash.delete_empty_workflows and leash.delete_idle_key_rates: see the privileges in docs/sql.md)"
 			}
 			p.log.Log(ctx, level, msg, slog.Any("err", err))
 		case err == nil:

@@ -22,7 +22,10 @@ const queueUsage = `usage: worker queue list
        worker queue limit NAME -per-key none  remove the per-key limit
        worker queue limit NAME -rate R/PERIOD  at most R starts of NAME's jobs in any window of
                                               PERIOD across all workers (5/s, 100/1m, 2000/1s)
-       worker queue limit NAME -rate none      remove the rate limit`
+       worker queue limit NAME -rate none      remove the rate limit
+       worker queue limit NAME -key-rate R/PERIOD  at most R starts of the jobs of one
+                                              concurrency key of NAME in any window of PERIOD
+       worker queue limit NAME -key-rate none  remove the per-key rate limit`
 
 // cmdQueue lists, pauses, resumes, caps and limits per key queues (leash.queues).
 func cmdQueue(ctx context.Context, e env, args []string, stdout io.Writer) error {
@@ -50,8 +53,8 @@ func cmdQueue(ctx context.Context, e env, args []string, stdout io.Writer) error
 			max = v
 		}
 	case "limit":
-		if args[1] == "-rate" || args[1] == "--rate" {
-			r, per, err := parseRate(args[2])
+		if args[1] == "-rate" || args[1] == "--rate" || args[1] == "-key-rate" || args[1] == "--key-rate" {
+			r, per, err := parseRate(args[2], strings.HasSuffix(args[1], "key-rate"))
 			if err != nil {
 				return fmt.Errorf("queue limit: %w", err)
 			}
@@ -59,7 +62,7 @@ func cmdQueue(ctx context.Context, e env, args []string, stdout io.Writer) error
 			break
 		}
 		if args[1] != "-per-key" && args[1] != "--per-key" {
-			return fmt.Errorf("queue limit: want -per-key N or -rate R/PERIOD, got %q\n%s", args[1], queueUsage)
+			return fmt.Errorf("queue limit: want -per-key N, -rate R/PERIOD or -key-rate R/PERIOD, got %q\n%s", args[1], queueUsage)
 		}
 		if args[2] == "none" {
 			max = -1
@@ -97,6 +100,17 @@ func cmdQueue(ctx context.Context, e env, args []string, stdout io.Writer) error
 			fmt.Fprintf(stdout, "queue %s capped at %d running jobs\n", args[0], max)
 		}
 	case "limit":
+		if args[1] == "-key-rate" || args[1] == "--key-rate" {
+			if err := pool.SetQueueKeyRateLimit(ctx, db, args[0], max, period); err != nil {
+				return err
+			}
+			if max < 0 {
+				fmt.Fprintf(stdout, "queue %s has no per-key rate limit\n", args[0])
+			} else {
+				fmt.Fprintf(stdout, "queue %s: at most %s starts of one key\n", args[0], rateText(max, period))
+			}
+			return nil
+		}
 		if args[1] == "-rate" || args[1] == "--rate" {
 			if err := pool.SetQueueRateLimit(ctx, db, args[0], max, period); err != nil {
 				return err
@@ -126,7 +140,7 @@ func cmdQueue(ctx context.Context, e env, args []string, stdout io.Writer) error
 			return nil
 		}
 		tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "QUEUE\tSTATE\tMAX RUNNING\tPER KEY\tRATE\tRUNNING\tWAITING")
+		fmt.Fprintln(tw, "QUEUE\tSTATE\tMAX RUNNING\tPER KEY\tRATE\tKEY RATE\tRUNNING\tWAITING")
 		for _, q := range qs {
 			state := "active"
 			if q.PausedAt != nil {
@@ -144,7 +158,11 @@ func cmdQueue(ctx context.Context, e env, args []string, stdout io.Writer) error
 			if q.RateLimit != nil {
 				rate = rateText(*q.RateLimit, q.RatePeriod)
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\n", printable(q.Name), state, capText, perKey, rate, q.Running, q.Available)
+			keyRate := "-"
+			if q.KeyRateLimit != nil {
+				keyRate = rateText(*q.KeyRateLimit, q.KeyRatePeriod)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\n", printable(q.Name), state, capText, perKey, rate, keyRate, q.Running, q.Available)
 		}
 		return tw.Flush()
 	}
@@ -152,15 +170,19 @@ func cmdQueue(ctx context.Context, e env, args []string, stdout io.Writer) error
 }
 
 // parseRate reads R/PERIOD (PERIOD a Go duration, or a unit alone meaning one of it: 5/s,
-// 100/1m, 2000/1s), or none (-1).
-func parseRate(s string) (int, time.Duration, error) {
+// 100/1m, 2000/1s), or none (-1); perKey: a per-key rate, whose R is bounded lower.
+func parseRate(s string, perKey bool) (int, time.Duration, error) {
 	if s == "none" {
 		return -1, 0, nil
 	}
+	most := pool.MaxRateLimit
+	if perKey {
+		most = pool.MaxKeyRateLimit
+	}
 	rs, ps, ok := strings.Cut(s, "/")
 	r, err := strconv.Atoi(rs)
-	if !ok || err != nil || r < 0 || r > pool.MaxRateLimit {
-		return 0, 0, fmt.Errorf("the rate must be R/PERIOD with R a whole number from 0 to %d (5/s, 100/1m), or none, got %q", pool.MaxRateLimit, s)
+	if !ok || err != nil || r < 0 || r > most {
+		return 0, 0, fmt.Errorf("the rate must be R/PERIOD with R a whole number from 0 to %d (5/s, 100/1m), or none, got %q", most, s)
 	}
 	if ps != "" && (ps[0] < '0' || ps[0] > '9') {
 		ps = "1" + ps

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -35,8 +36,11 @@ var claimKeyedSQL = fmt.Sprintf(`
 // its own holding the queue's row (mark $2) just before the claim's.
 const claimKeyedWakesSQL = `SELECT leash.claim_keyed_wakes($1, $2)`
 
-// claimKeyedDoneSQL brings the keys the claim walked up to date, after it leased their jobs.
-const claimKeyedDoneSQL = `SELECT leash.claim_keyed_done($1, $2)`
+// claimKeyedFinishSQL records the claim's starts under the queue's rate limits and brings the keys
+// the claim walked up to date, after it leased their jobs (leash.claim_keyed_finish, migration
+// 029); it returns how many milliseconds until the queue's next key comes due, or its rate limit
+// has room again (NULL: no such time).
+const claimKeyedFinishSQL = `SELECT leash.claim_keyed_finish($1, $2)`
 
 // claimKeyedLockTimeoutSQL bounds every lock wait of a keyed claim's transactions. Under the
 // queue's row no other claim writes the queue's rows of leash.concurrency_keys and leash.key_wakes
@@ -56,15 +60,18 @@ type KeyedParams struct {
 }
 
 // ClaimKeyed leases up to p.Limit runnable jobs of p.Queues[0], a queue with a per-key limit
-// (max_running_per_key): never so many that more than that many jobs of one key hold it across
-// all workers, nor more than the queue's max_running run; none while it is paused. Two READ
-// COMMITTED transactions, in one round trip, each holding the queue's row: the first brings the
-// keys woken since the last claim up to date; the second claims and brings the walked keys up to
-// date. It returns ErrQueueBusy, having
-// claimed nothing, when the queue's row is held.
-func ClaimKeyed(ctx context.Context, db Batcher, p KeyedParams) ([]ClaimedJob, error) {
+// (max_running_per_key) or a per-key rate limit (key_rate_limit): never so many that more than
+// that many jobs of one key hold it across all workers, nor more starts of one key in a window
+// than its rate allows, nor more than the queue's max_running run or its rate limit allows; none
+// while it is paused. Two READ COMMITTED transactions, in one round trip, each holding the queue's
+// row: the first brings the keys woken since the last claim up to date; the second claims and
+// brings the walked keys up to date. next is how long until the queue has a key coming due that
+// has nothing to claim now (a job scheduled for later, a key or the queue out of room under its
+// rate): 0 when there is none. It returns ErrQueueBusy, having claimed nothing, when the queue's
+// row is held.
+func ClaimKeyed(ctx context.Context, db Batcher, p KeyedParams) (jobs []ClaimedJob, next time.Duration, err error) {
 	if len(p.Queues) != 1 {
-		return nil, fmt.Errorf("claim jobs of a queue with a per-key limit: want one queue, got %d", len(p.Queues))
+		return nil, 0, fmt.Errorf("claim jobs of a queue with a per-key limit: want one queue, got %d", len(p.Queues))
 	}
 	q := p.Queues[0]
 	b := &pgx.Batch{}
@@ -83,43 +90,47 @@ func ClaimKeyed(ctx context.Context, db Batcher, p KeyedParams) ([]ClaimedJob, e
 	mark := strconv.FormatUint(rand.Uint64(), 36)
 	b.Queue(lockQueueRowSQL, q, mark)
 	b.Queue(claimKeyedSQL, q, p.Limit, p.WorkerID, millis(p.Lease), mark, p.Unkeyed)
-	b.Queue(claimKeyedDoneSQL, q, mark)
+	b.Queue(claimKeyedFinishSQL, q, mark)
 	b.Queue(`COMMIT`)
 	br := db.SendBatch(ctx, b)
 	defer br.Close()
 	for _, step := range []string{"begin", "bound lock waits", "set synchronous_commit", "lock the queue's row",
 		"bring woken keys up to date", "commit", "begin", "bound lock waits"} {
 		if _, err := br.Exec(); err != nil {
-			return nil, fmt.Errorf("claim jobs of queue %q: %s: %w", q, step, err)
+			return nil, 0, fmt.Errorf("claim jobs of queue %q: %s: %w", q, step, err)
 		}
 	}
 	tag, err := br.Exec()
 	if err != nil {
-		return nil, fmt.Errorf("claim jobs of queue %q: lock the queue's row: %w", q, err)
+		return nil, 0, fmt.Errorf("claim jobs of queue %q: lock the queue's row: %w", q, err)
 	}
 	locked := tag.RowsAffected() > 0
 	rows, err := br.Query()
 	if err != nil {
-		return nil, fmt.Errorf("claim jobs of queue %q: %w", q, err)
+		return nil, 0, fmt.Errorf("claim jobs of queue %q: %w", q, err)
 	}
-	jobs, err := scanClaimed(rows, p.Limit)
+	jobs, err = scanClaimed(rows, p.Limit)
 	if err != nil {
-		return nil, fmt.Errorf("claim jobs of queue %q: %w", q, err)
+		return nil, 0, fmt.Errorf("claim jobs of queue %q: %w", q, err)
 	}
-	if _, err := br.Exec(); err != nil {
-		return nil, fmt.Errorf("claim jobs of queue %q: bring walked keys up to date: %w", q, err)
+	var ms *float64
+	if err := br.QueryRow().Scan(&ms); err != nil {
+		return nil, 0, fmt.Errorf("claim jobs of queue %q: bring walked keys up to date: %w", q, err)
 	}
 	if _, err := br.Exec(); err != nil {
 		// Nothing committed: the rows the claim leased are available again.
-		return nil, fmt.Errorf("claim jobs of queue %q: commit: %w", q, err)
+		return nil, 0, fmt.Errorf("claim jobs of queue %q: commit: %w", q, err)
 	}
 	if err := br.Close(); err != nil {
-		return nil, fmt.Errorf("claim jobs of queue %q: %w", q, err)
+		return nil, 0, fmt.Errorf("claim jobs of queue %q: %w", q, err)
 	}
 	if !locked && len(jobs) == 0 {
-		return nil, fmt.Errorf("claim jobs of queue %q: %w", q, ErrQueueBusy)
+		return nil, 0, fmt.Errorf("claim jobs of queue %q: %w", q, ErrQueueBusy)
 	}
-	return jobs, nil
+	if ms != nil && *ms > 0 {
+		next = time.Duration(*ms * float64(time.Millisecond))
+	}
+	return jobs, next, nil
 }
 
 // SetQueueMaxRunningPerKey sets the queue's per-key limit (leash.set_queue_max_running_per_key);
@@ -130,4 +141,18 @@ func SetQueueMaxRunningPerKey(ctx context.Context, db DBTX, name string, max *in
 		return fmt.Errorf("set max_running_per_key of queue %q: %w", name, err)
 	}
 	return nil
+}
+
+// SetQueueKeyRateLimit sets the queue's per-key rate limit (leash.set_queue_key_rate_limit): at
+// most *n starts of one key in any window of period; nil removes it.
+func SetQueueKeyRateLimit(ctx context.Context, db DBTX, name string, n *int, period time.Duration) (bool, error) {
+	var per any
+	if n != nil && period > 0 {
+		per = interval(period)
+	}
+	var changed bool
+	if err := db.QueryRow(ctx, `SELECT leash.set_queue_key_rate_limit($1, $2, $3::interval)`, name, n, per).Scan(&changed); err != nil {
+		return false, fmt.Errorf("set the per-key rate limit of queue %q: %w", name, err)
+	}
+	return changed, nil
 }

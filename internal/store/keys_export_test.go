@@ -4,7 +4,7 @@ package store
 var (
 	LockQueueRowSQL   = lockQueueRowSQL
 	ClaimKeyedSQL     = claimKeyedSQL
-	ClaimKeyedDoneSQL = claimKeyedDoneSQL
+	ClaimKeyedDoneSQL = claimKeyedFinishSQL
 	ClaimOneSQL       = claimOneQueueSQL
 )
 

@@ -71,7 +71,7 @@ func TestExplainKeyedClaim(t *testing.T) {
 	}
 	keyed := func(unkeyed bool) func() error {
 		return func() error {
-			_, err := store.ClaimKeyed(ctx, conn, store.KeyedParams{Unkeyed: unkeyed,
+			_, _, err := store.ClaimKeyed(ctx, conn, store.KeyedParams{Unkeyed: unkeyed,
 				ClaimParams: store.ClaimParams{Queues: []string{"kq"}, Limit: 10, WorkerID: "w", Lease: time.Hour}})
 			return err
 		}

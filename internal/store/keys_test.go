@@ -31,7 +31,7 @@ func claimKeyed(t *testing.T, db *pgxpool.Pool, queue string, limit int, unkeyed
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // a claim never waits
 	defer cancel()
-	jobs, err := store.ClaimKeyed(ctx, db, store.KeyedParams{Unkeyed: unkeyed,
+	jobs, _, err := store.ClaimKeyed(ctx, db, store.KeyedParams{Unkeyed: unkeyed,
 		ClaimParams: store.ClaimParams{Queues: []string{queue}, Limit: limit, WorkerID: "w", Lease: time.Minute}})
 	if err != nil {
 		t.Fatal(err)
@@ -177,7 +177,7 @@ func TestClaimKeyedNeverWaits(t *testing.T) {
 	if _, err := queueHeld.Exec(ctx, `UPDATE leash.queues SET max_running = 10 WHERE name = 'kq'`); err != nil {
 		t.Fatal(err)
 	}
-	_, err = store.ClaimKeyed(ctx, db, store.KeyedParams{ClaimParams: store.ClaimParams{
+	_, _, err = store.ClaimKeyed(ctx, db, store.KeyedParams{ClaimParams: store.ClaimParams{
 		Queues: []string{"kq"}, Limit: 10, WorkerID: "w", Lease: time.Minute}})
 	if !errors.Is(err, store.ErrQueueBusy) {
 		t.Fatalf("claim with the queue's row held: %v; want ErrQueueBusy", err)
@@ -313,7 +313,7 @@ func TestClaimKeyedGenericPlans(t *testing.T) {
 	conn, plans := explainedConn(t, url, false)
 	ctx := context.Background()
 	claim := func(unkeyed bool) {
-		if _, err := store.ClaimKeyed(ctx, conn, store.KeyedParams{Unkeyed: unkeyed,
+		if _, _, err := store.ClaimKeyed(ctx, conn, store.KeyedParams{Unkeyed: unkeyed,
 			ClaimParams: store.ClaimParams{Queues: []string{"kq"}, Limit: 10, WorkerID: "w", Lease: time.Minute}}); err != nil {
 			t.Fatal(err)
 		}

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"time"
 )
 
 // KeyUse is one concurrency key of a queue: how many jobs hold it and how many wait to start.
@@ -12,6 +13,10 @@ type KeyUse struct {
 	Holders int64
 	// Waiting counts the key's jobs not yet started that are due now.
 	Waiting int64
+	// OutOfRate: the key has no room under its queue's per-key rate limit; RateWait is how long
+	// until it has (0 with a limit of 0: never).
+	OutOfRate bool
+	RateWait  time.Duration
 }
 
 // keyUseSQL reads the use of a bounded set of keys of queue $1: the first $2 keys, in key order,
@@ -19,8 +24,9 @@ type KeyUse struct {
 // that have jobs not yet started (the same on jobs_key_queued_idx), and the first $2 keys of
 // leash.concurrency_keys in the order the claims walk them (the keys next in line, on its index).
 // Each key's holders and due jobs not yet started are counted up to $3 on the key's range of
-// jobs_key_holders_idx and jobs_key_queued_idx (migration 025). It reads neither the queue's
-// other jobs nor its keys beyond these: at most 3×$2 keys and 6×$2×$3 index entries.
+// jobs_key_holders_idx and jobs_key_queued_idx (migration 025), and under a per-key rate limit,
+// how long until the key has room (its row of leash.key_rates, migration 029). It reads neither
+// the queue's other jobs nor its keys beyond these: at most 3×$2 keys and 6×$2×$3 index entries.
 const keyUseSQL = `
 	WITH RECURSIVE held(key, i) AS (
 		SELECT (SELECT min(h.concurrency_key) FROM leash.jobs h
@@ -56,7 +62,15 @@ const keyUseSQL = `
 		(SELECT count(*) FROM (SELECT FROM leash.jobs f
 		        WHERE f.queue = $1 AND f.concurrency_key = k.key AND f.concurrency_key IS NOT NULL
 		          AND f.state IN ('available', 'retryable') AND f.attempted_at IS NULL AND f.run_at <= pg_catalog.now()
-		        LIMIT $3) x)
+		        LIMIT $3) x),
+		(SELECT CASE WHEN qq.key_rate_limit = 0 THEN -1
+		             WHEN cardinality(r.starts) >= qq.key_rate_limit
+		              AND r.starts[qq.key_rate_limit] + coalesce(qq.key_rate_period, interval '1 second') > pg_catalog.now()
+		             THEN extract(epoch FROM r.starts[qq.key_rate_limit] + coalesce(qq.key_rate_period, interval '1 second')
+		                                     - pg_catalog.now()) * 1000
+		        END
+		 FROM leash.queues qq LEFT JOIN leash.key_rates r ON r.queue = qq.name AND r.key = k.key
+		 WHERE qq.name = $1 AND qq.key_rate_limit IS NOT NULL)
 	FROM keys k`
 
 // ReadKeyUse returns the use of at most 3×keys keys of queue: the first keys keys (in key order)
@@ -74,8 +88,15 @@ func ReadKeyUse(ctx context.Context, db DBTX, queue string, keys, upTo int) ([]K
 	var out []KeyUse
 	for rows.Next() {
 		var u KeyUse
-		if err := rows.Scan(&u.Key, &u.Holders, &u.Waiting); err != nil {
+		var wait *float64
+		if err := rows.Scan(&u.Key, &u.Holders, &u.Waiting, &wait); err != nil {
 			return nil, fmt.Errorf("read the keys of queue %q: %w", queue, err)
+		}
+		if wait != nil {
+			u.OutOfRate = true
+			if *wait >= 0 { // -1: a limit of 0, never
+				u.RateWait = max(time.Duration(*wait*float64(time.Millisecond)).Round(time.Millisecond), time.Millisecond)
+			}
 		}
 		out = append(out, u)
 	}

@@ -196,7 +196,7 @@ const claimSQL = `
 // claims. Locking the row takes the UPDATE privilege on leash.queues, which roles without grants
 // lack: they cannot hold the row, and so cannot stall claims.
 var queueGateSQL = `SELECT FROM leash.queues q WHERE q.name = $1 AND q.paused_at IS NULL AND q.max_running IS NULL
-	AND q.max_running_per_key IS NULL AND q.rate_limit IS NULL AND ` +
+	AND q.max_running_per_key IS NULL AND q.rate_limit IS NULL AND q.key_rate_limit IS NULL AND ` +
 	queueChangeHintSQL + ` FOR SHARE SKIP LOCKED`
 
 // queueChangeHintSQL is true unless a change to leash.queues has been waiting for its rows for
@@ -249,7 +249,7 @@ var (
 	WITH gate AS (
 		SELECT q.name FROM leash.queues q
 		WHERE q.name = ANY($1::text[]) AND q.paused_at IS NULL AND q.max_running IS NULL AND q.max_running_per_key IS NULL
-		  AND q.rate_limit IS NULL AND `+queueChangeHintSQL+`
+		  AND q.rate_limit IS NULL AND q.key_rate_limit IS NULL AND `+queueChangeHintSQL+`
 		FOR SHARE SKIP LOCKED
 	), heads AS (
 		SELECT h.id, h.ctid, h.priority, h.run_at
@@ -287,7 +287,8 @@ const lockQueueRowSQL = `
 // held (another claim has it, or it is gone) it takes nothing.
 var claimCappedSQL = strings.Replace(strings.Replace(claimSQL,
 	"WITH picked AS (", `WITH room AS (
-		SELECT CASE WHEN q.paused_at IS NOT NULL OR q.max_running_per_key IS NOT NULL OR q.rate_limit IS NOT NULL THEN 0
+		SELECT CASE WHEN q.paused_at IS NOT NULL OR q.max_running_per_key IS NOT NULL OR q.key_rate_limit IS NOT NULL
+		                 OR q.rate_limit IS NOT NULL THEN 0
 		            WHEN q.max_running IS NULL THEN $2::int
 		            ELSE greatest(0, least($2::int, q.max_running - (
 		                SELECT count(*) FROM leash.jobs r WHERE r.queue = $1 AND r.state = 'running')::int))

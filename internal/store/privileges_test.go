@@ -164,6 +164,8 @@ func TestREADMEInserterAndOperatorGrants(t *testing.T) {
 		`SELECT leash.pause_queue('default')`,
 		`SELECT leash.resume_queue('default')`,
 		fmt.Sprintf(`SELECT leash.revoke_workflow(%d, 'by operator') = 2`, wid),
+		`SELECT leash.set_queue_key_rate_limit('default', 5, interval '1 minute')`,
+		`SELECT leash.set_queue_key_rate_limit('default', NULL)`,
 	} {
 		var ok bool
 		if err := op.QueryRow(ctx, q).Scan(&ok); err != nil || !ok {

@@ -23,10 +23,21 @@ type QueueControl struct {
 	RateLimit *int
 	// RatePeriod is the rate limit's window (one second when the row leaves it NULL).
 	RatePeriod time.Duration
+	// KeyRateLimit is nil when the queue has no per-key rate limit: else at most this many starts
+	// of one key in any window of KeyRatePeriod.
+	KeyRateLimit *int
+	// KeyRatePeriod is the per-key rate limit's window (one second when the row leaves it NULL).
+	KeyRatePeriod time.Duration
 }
 
-// ratePeriodMillisSQL reads rate_period as whole milliseconds (NULL: one second).
-const ratePeriodMillisSQL = `ceil(extract(epoch FROM coalesce(rate_period, interval '1 second')) * 1000)::bigint`
+// Keyed reports whether the queue is claimed key by key: it has a per-key limit or a per-key
+// rate limit.
+func (q QueueControl) Keyed() bool { return q.MaxRunningPerKey != nil || q.KeyRateLimit != nil }
+
+// ratePeriodMillisSQL reads rate_period and key_rate_period as whole milliseconds (NULL: one
+// second), after rate_limit and key_rate_limit.
+const ratePeriodMillisSQL = `ceil(extract(epoch FROM coalesce(rate_period, interval '1 second')) * 1000)::bigint,
+	key_rate_limit, ceil(extract(epoch FROM coalesce(key_rate_period, interval '1 second')) * 1000)::bigint`
 
 // Paused reports whether the queue is paused.
 func (q QueueControl) Paused() bool { return q.PausedAt != nil }
@@ -43,11 +54,13 @@ func QueueControls(ctx context.Context, db DBTX, names []string) (map[string]Que
 	out := make(map[string]QueueControl)
 	for rows.Next() {
 		var q QueueControl
-		var periodMS int64
-		if err := rows.Scan(&q.Name, &q.PausedAt, &q.MaxRunning, &q.MaxRunningPerKey, &q.RateLimit, &periodMS); err != nil {
+		var periodMS, keyPeriodMS int64
+		if err := rows.Scan(&q.Name, &q.PausedAt, &q.MaxRunning, &q.MaxRunningPerKey, &q.RateLimit, &periodMS,
+			&q.KeyRateLimit, &keyPeriodMS); err != nil {
 			return nil, fmt.Errorf("read queue controls: %w", err)
 		}
 		q.RatePeriod = time.Duration(periodMS) * time.Millisecond
+		q.KeyRatePeriod = time.Duration(keyPeriodMS) * time.Millisecond
 		out[q.Name] = q
 	}
 	if err := rows.Err(); err != nil {
@@ -104,11 +117,13 @@ func AllQueueControls(ctx context.Context, db DBTX) ([]QueueControl, error) {
 	var out []QueueControl
 	for rows.Next() {
 		var q QueueControl
-		var periodMS int64
-		if err := rows.Scan(&q.Name, &q.PausedAt, &q.MaxRunning, &q.MaxRunningPerKey, &q.RateLimit, &periodMS); err != nil {
+		var periodMS, keyPeriodMS int64
+		if err := rows.Scan(&q.Name, &q.PausedAt, &q.MaxRunning, &q.MaxRunningPerKey, &q.RateLimit, &periodMS,
+			&q.KeyRateLimit, &keyPeriodMS); err != nil {
 			return nil, fmt.Errorf("read queue controls: %w", err)
 		}
 		q.RatePeriod = time.Duration(periodMS) * time.Millisecond
+		q.KeyRatePeriod = time.Duration(keyPeriodMS) * time.Millisecond
 		out = append(out, q)
 	}
 	if err := rows.Err(); err != nil {

@@ -20,10 +20,20 @@ import (
 // claimRatedOneSQL is claimCappedOneSQL for a queue with a rate limit (which the capped claim,
 // and the uncapped claims' gates, refuse: they do not write starts), its room further bounded
 // by leash.rate_room.
-var claimRatedOneSQL = strings.Replace(strings.Replace(claimCappedOneSQL,
-	"OR q.rate_limit IS NOT NULL THEN 0", "THEN 0", 1),
+var claimRatedOneSQL = mustReplace(mustReplace(claimCappedOneSQL,
+	"\n\t\t                 OR q.rate_limit IS NOT NULL THEN 0", " THEN 0"),
 	"LIMIT (SELECT coalesce(min(n), 0) FROM room)",
-	"LIMIT (SELECT leash.rate_room($1, $5::text, coalesce(min(n), 0)::int) FROM room)", 1)
+	"LIMIT (SELECT leash.rate_room($1, $5::text, coalesce(min(n), 0)::int) FROM room)")
+
+// mustReplace replaces the one occurrence of old in s by new; it panics (at package init, so in
+// every test) when s does not hold old exactly once, rather than let a statement built from
+// another lose its change silently.
+func mustReplace(s, old, new string) string {
+	if strings.Count(s, old) != 1 {
+		panic(fmt.Sprintf("store: statement holds %q %d times, want once", old, strings.Count(s, old)))
+	}
+	return strings.Replace(s, old, new, 1)
+}
 
 // rateTakeSQL writes the starts of the claim of queue $1 (mark $2, worker $3) into the ring and
 // returns how many milliseconds until the ring has a free slot again (NULL: no rate limit). The

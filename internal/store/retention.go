@@ -60,3 +60,15 @@ func DeleteEmptyWorkflows(ctx context.Context, db DBTX, olderThan time.Duration,
 	}
 	return int64(n), nil
 }
+
+// DeleteIdleKeyRates deletes up to batch rows of leash.key_rates (the recorded starts of a key
+// under a per-key rate limit) whose starts have all left their queue's window, or whose queue no
+// longer has a per-key rate limit, and returns how many: one short call of
+// leash.delete_idle_key_rates. A row a claim holds is passed by.
+func DeleteIdleKeyRates(ctx context.Context, db DBTX, batch int) (int64, error) {
+	var n int32
+	if err := db.QueryRow(ctx, `SELECT leash.delete_idle_key_rates($1)`, batch).Scan(&n); err != nil {
+		return 0, fmt.Errorf("delete idle key rates: %w", err)
+	}
+	return int64(n), nil
+}

@@ -126,7 +126,10 @@ func RegisterPool(reg prometheus.Registerer, p *pool.Pool, db pool.DB) {
 			[]string{"queue"}, nil), p: p},
 		&keyLimitVec{desc: prometheus.NewDesc("leash_jobs_waiting_on_key_limit",
 			"Jobs due but not started because their concurrency key is at its queue's per-key limit, for each of the worker's queues with one; read at scrape time on at most 300 keys of each queue, each counted up to 1000 (pool.JobsWaitingOnKeyLimit: a lower bound beyond).",
-			[]string{"queue"}, nil), p: p, db: db},
+			[]string{"queue"}, nil), p: p, db: db, read: pool.JobsWaitingOnKeyLimit},
+		&keyLimitVec{desc: prometheus.NewDesc("leash_jobs_waiting_on_key_rate_limit",
+			"Jobs due but not started because their concurrency key has no room under its queue's per-key rate limit, for each of the worker's queues with one; read at scrape time as leash_jobs_waiting_on_key_limit is (pool.JobsWaitingOnKeyRate).",
+			[]string{"queue"}, nil), p: p, db: db, read: pool.JobsWaitingOnKeyRate},
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
@@ -164,13 +167,14 @@ func (v *pausedVec) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// keyLimitVec reports leash_jobs_waiting_on_key_limit for each of the pool's queues that has a
-// per-key limit, read at scrape time (one bounded statement per such queue, on index entries
-// only); nothing when the database does not answer.
+// keyLimitVec reports leash_jobs_waiting_on_key_limit (or _key_rate_limit) for each of the pool's
+// queues that has a per-key limit (or per-key rate limit), read at scrape time (one bounded
+// statement per such queue, on index entries only); nothing when the database does not answer.
 type keyLimitVec struct {
 	desc *prometheus.Desc
 	p    *pool.Pool
 	db   pool.DB
+	read func(context.Context, pool.DB, []string) (map[string]int64, error)
 }
 
 func (v *keyLimitVec) Describe(ch chan<- *prometheus.Desc) { ch <- v.desc }
@@ -178,7 +182,7 @@ func (v *keyLimitVec) Describe(ch chan<- *prometheus.Desc) { ch <- v.desc }
 func (v *keyLimitVec) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	waiting, err := pool.JobsWaitingOnKeyLimit(ctx, v.db, v.p.Config().Queues)
+	waiting, err := v.read(ctx, v.db, v.p.Config().Queues)
 	if err != nil {
 		return // the scrape goes on without it, as leash_notification_queue_usage reports -1
 	}

@@ -103,6 +103,45 @@ func TestQueuePageKeys(t *testing.T) {
 	}
 }
 
+// A queue with a per-key rate limit: its page shows the limit and lists the keys out of room,
+// with their waiting jobs and when they have room again; the queue without one has no such list.
+func TestQueuePageKeysOutOfRate(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	srv := serve(t, web.Options{DB: db, AdminOpen: true})
+	ctx := context.Background()
+	if err := pool.SetQueueKeyRateLimit(ctx, db, "kr", 2, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"spent", "spent", "spent", "fresh"} {
+		if _, err := pool.Insert(ctx, db, "w", nil, &pool.InsertOpts{Queue: "kr", ConcurrencyKey: k}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Key spent started twice within the hour (as claims record it): out of room for an hour.
+	if _, err := db.Exec(ctx, `INSERT INTO leash.key_rates (queue, key, starts) VALUES ('kr', 'spent', ARRAY[now(), now()])`); err != nil {
+		t.Fatal(err)
+	}
+	code, body := get(t, srv.URL+"/queues/kr")
+	if code != http.StatusOK {
+		t.Fatalf("queue page: %d %s", code, body)
+	}
+	limits := between(t, body, `id="queue-limits"`, "</table>")
+	if !strings.Contains(limits, "2 per 1h0m0s") {
+		t.Errorf("the queue's limits lack the per-key rate limit:\n%s", limits)
+	}
+	out := between(t, body, `id="keys-out-of-rate"`, "</table>")
+	if !strings.Contains(out, "<code>spent</code></td><td class=\"num\">0</td><td class=\"num\">3</td><td class=\"num\">59m5") || strings.Contains(out, "fresh") {
+		t.Errorf("keys out of room: want spent alone, 3 waiting, room again in about an hour:\n%s", out)
+	}
+	if err := pool.SetQueueKeyRateLimit(ctx, db, "kr", -1, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, body := get(t, srv.URL+"/queues/kr"); strings.Contains(body, `id="keys-out-of-rate"`) {
+		t.Error("a queue without a per-key rate limit lists keys out of room")
+	}
+}
+
 // between returns the part of s from the first start to the end that follows it.
 func between(t *testing.T, s, start, end string) string {
 	t.Helper()
