@@ -17,7 +17,8 @@ type KeyUse struct {
 	// Waiting counts the key's jobs not yet started that are due now.
 	Waiting int64
 	// OutOfRate: the key has no room under the queue's per-key rate limit
-	// (SetQueueKeyRateLimit); RateWait is how long until it has (0 under a limit of 0: never).
+	// (SetQueueKeyRateLimit); RateWait is how long until it has (0 under a limit of 0, or a start
+	// recorded more than a year ahead: not in sight).
 	OutOfRate bool
 	RateWait  time.Duration
 }

@@ -46,7 +46,7 @@ const MaxRateLimit = 1_000_000
 // limited by it. A key with no room costs the claims nothing: they pass over it until its oldest
 // counted start leaves the window, and the worker that claimed last wakes then to claim it. It
 // binds every worker of this release from its commit; workers of releases before it ignore the
-// limit. period is rounded up to the millisecond, between 1 ms and 31 days; n at most 10,000.
+// limit. period is rounded up to the millisecond, between 1 ms and 31 days; n at most 1,000.
 func SetQueueKeyRateLimit(ctx context.Context, db DB, name string, n int, period time.Duration) error {
 	if err := checkQueueName(name); err != nil {
 		return err
@@ -62,8 +62,9 @@ func SetQueueKeyRateLimit(ctx context.Context, db DB, name string, n int, period
 	return err
 }
 
-// MaxKeyRateLimit bounds SetQueueKeyRateLimit's n, as the table's check does.
-const MaxKeyRateLimit = 10_000
+// MaxKeyRateLimit bounds SetQueueKeyRateLimit's n, as the table's check does: a key's starts are
+// kept in one row, rewritten at each claim that starts the key.
+const MaxKeyRateLimit = 1_000
 
 // rateHolds keeps, per rate-limited queue, until when its last claim found the limit reached:
 // the pool does not claim the queue before then (the database remains the authority: a claim

@@ -26,17 +26,21 @@ const (
 // created longer ago than the shorter of the two retentions (not counted in the result); never
 // one a transaction is inserting a job into. It also deletes the recorded starts of the keys of
 // queues with a per-key rate limit that have all left their window (leash.key_rates).
-func (p *Pool) PruneOnce(ctx context.Context) (int64, error) {
-	var total int64
-	for {
-		n, err := store.DeleteIdleKeyRates(ctx, controlDB{p}, retentionBatch)
-		if err != nil {
-			return total, err
+func (p *Pool) PruneOnce(ctx context.Context) (total int64, err error) {
+	// The starts of keys come last, and whatever befalls them, the rest is done: a failure here
+	// (a role without the grant) is joined to the pass's result.
+	defer func() {
+		for {
+			n, kerr := store.DeleteIdleKeyRates(ctx, controlDB{p}, retentionBatch)
+			if kerr != nil {
+				err = errors.Join(err, kerr)
+				return
+			}
+			if n < retentionBatch {
+				return
+			}
 		}
-		if n < retentionBatch {
-			break
-		}
-	}
+	}()
 	for _, c := range []struct {
 		completed bool
 		keep      time.Duration

@@ -24,16 +24,43 @@
 ALTER TABLE leash.queues ADD COLUMN IF NOT EXISTS key_rate_limit integer;
 ALTER TABLE leash.queues ADD COLUMN IF NOT EXISTS key_rate_period interval;
 
--- At most 10,000 starts per key and period: a key's row holds them all.
+-- At most 1,000 starts per key and period: a key's row holds them all. A period is checked by
+-- the time it spans (extract(epoch), as the claims use it: leash.rate_window), not by interval
+-- comparison, which counts a year as 360 days and a month as 30: '-1 year 361 days' compares as
+-- one day but moves a timestamp back by four. The same check for the queue's own rate_period
+-- (migration 025), for new and changed rows: an old row is read through leash.rate_window too.
 DO $$
 BEGIN
     IF NOT EXISTS (SELECT FROM pg_constraint WHERE conname = 'queues_key_rate_limit_check'
                    AND conrelid = 'leash.queues'::regclass) THEN
         ALTER TABLE leash.queues ADD CONSTRAINT queues_key_rate_limit_check
-            CHECK ((key_rate_limit IS NULL OR key_rate_limit BETWEEN 0 AND 10000)
-                   AND (key_rate_period IS NULL OR key_rate_period BETWEEN interval '1 millisecond' AND interval '31 days'));
+            CHECK ((key_rate_limit IS NULL OR key_rate_limit BETWEEN 0 AND 1000)
+                   AND (key_rate_period IS NULL OR extract(epoch FROM key_rate_period) BETWEEN 0.001 AND 2678400));
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_constraint WHERE conname = 'queues_rate_period_span_check'
+                   AND conrelid = 'leash.queues'::regclass) THEN
+        ALTER TABLE leash.queues ADD CONSTRAINT queues_rate_period_span_check
+            CHECK (rate_period IS NULL OR extract(epoch FROM rate_period) BETWEEN 0.001 AND 2678400) NOT VALID;
     END IF;
 END;
+$$;
+
+-- The window of a rate limit's period p (NULL: one second) as the time it spans, in seconds
+-- alone (no days, months or years, which a timestamp's arithmetic takes by the calendar and the
+-- session's time zone), within 1 ms and 31 days whatever an old row holds.
+CREATE OR REPLACE FUNCTION leash.rate_window(p interval) RETURNS interval
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT make_interval(secs => least(greatest(extract(epoch FROM coalesce(p, interval '1 second')), 0.001), 2678400)::double precision)
+$$;
+
+-- What leash.key_rates.starts may hold: at most 1,000 start times, none NULL, newest first, in a
+-- one-dimensional array from index 1 (the claims read starts[k] as the k-th newest).
+CREATE OR REPLACE FUNCTION leash.key_starts_valid(s timestamptz[]) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT s IS NOT NULL AND (cardinality(s) = 0 OR (
+        array_ndims(s) = 1 AND array_lower(s, 1) = 1 AND cardinality(s) <= 1000
+        AND array_position(s, NULL) IS NULL
+        AND NOT EXISTS (SELECT FROM generate_series(1, cardinality(s) - 1) i WHERE s[i] < s[i + 1])))
 $$;
 
 -- The starts of a key of a queue with a per-key rate limit: the latest key_rate_limit of them,
@@ -43,7 +70,7 @@ $$;
 CREATE TABLE IF NOT EXISTS leash.key_rates (
     queue  text          NOT NULL,
     key    text          NOT NULL,
-    starts timestamptz[] NOT NULL,
+    starts timestamptz[] NOT NULL CHECK (leash.key_starts_valid(starts)),
     PRIMARY KEY (queue, key)
 );
 
@@ -70,7 +97,12 @@ CREATE TABLE IF NOT EXISTS leash.key_sweeps (
 REVOKE ALL ON leash.key_sweeps FROM PUBLIC;
 
 -- A queue is claimed key by key (025) when it has a per-key limit or a per-key rate limit. The
--- triggers of 025 on leash.jobs append to leash.key_wakes for jobs with a key in such a queue.
+-- triggers of 025 on leash.jobs append to leash.key_wakes for jobs with a key in such a queue. A
+-- writer whose snapshot is its transaction's (REPEATABLE READ, SERIALIZABLE) may not see a limit
+-- committed after that snapshot was taken, nor the sweep that followed (leash.key_sweeps waits
+-- for transaction ids, which such a writer may take only after it): while any queue has a
+-- per-key limit (leash.keyed_queues, a sequence, read outside any snapshot), it appends its keys
+-- whatever its snapshot says; retention deletes those of queues not claimed key by key.
 CREATE OR REPLACE FUNCTION leash.wake_concurrency_keys() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
@@ -78,14 +110,18 @@ BEGIN
         INSERT INTO leash.key_wakes (queue, key)
         SELECT OLD.queue, OLD.concurrency_key
         WHERE EXISTS (SELECT FROM leash.queues q WHERE q.name = OLD.queue
-                      AND (q.max_running_per_key IS NOT NULL OR q.key_rate_limit IS NOT NULL));
+                      AND (q.max_running_per_key IS NOT NULL OR q.key_rate_limit IS NOT NULL))
+           OR (current_setting('transaction_isolation') <> 'read committed'
+               AND pg_sequence_last_value('leash.keyed_queues'::regclass) > 0);
     END IF;
     IF TG_OP <> 'DELETE' AND NEW.concurrency_key IS NOT NULL
        AND (TG_OP = 'INSERT' OR NEW.queue IS DISTINCT FROM OLD.queue OR NEW.concurrency_key IS DISTINCT FROM OLD.concurrency_key) THEN
         INSERT INTO leash.key_wakes (queue, key)
         SELECT NEW.queue, NEW.concurrency_key
         WHERE EXISTS (SELECT FROM leash.queues q WHERE q.name = NEW.queue
-                      AND (q.max_running_per_key IS NOT NULL OR q.key_rate_limit IS NOT NULL));
+                      AND (q.max_running_per_key IS NOT NULL OR q.key_rate_limit IS NOT NULL))
+           OR (current_setting('transaction_isolation') <> 'read committed'
+               AND pg_sequence_last_value('leash.keyed_queues'::regclass) > 0);
     END IF;
     RETURN NULL;
 END;
@@ -98,7 +134,9 @@ BEGIN
         INSERT INTO leash.key_wakes (queue, key)
         SELECT NEW.queue, ''
         WHERE EXISTS (SELECT FROM leash.queues q WHERE q.name = NEW.queue
-                      AND (q.max_running_per_key IS NOT NULL OR q.key_rate_limit IS NOT NULL));
+                      AND (q.max_running_per_key IS NOT NULL OR q.key_rate_limit IS NOT NULL))
+           OR (current_setting('transaction_isolation') <> 'read committed'
+               AND pg_sequence_last_value('leash.keyed_queues'::regclass) > 0);
         PERFORM set_config('leash.unkeyed_woken', NEW.queue, true);
     END IF;
     RETURN NULL;
@@ -199,12 +237,14 @@ DECLARE
     klim integer;
     kper interval;
 BEGIN
-    SELECT qq.key_rate_limit, coalesce(qq.key_rate_period, interval '1 second') INTO klim, kper
+    SELECT qq.key_rate_limit, leash.rate_window(qq.key_rate_period) INTO klim, kper
     FROM leash.queues qq WHERE qq.name = q;
     WITH calc AS (
         SELECT t.key, hc.holders, hc.started, best.priority, best.run_at, best.id,
                CASE WHEN klim IS NULL THEN NULL
                     WHEN klim = 0 THEN 'infinity'::timestamptz
+                    -- A start written by hand a year ahead holds the key until then, as never.
+                    WHEN cardinality(kr.starts) >= klim AND kr.starts[klim] > now() + interval '1 year' THEN 'infinity'::timestamptz
                     WHEN cardinality(kr.starts) >= klim THEN kr.starts[klim] + kper
                END AS free_at
         FROM (SELECT DISTINCT x.key FROM unnest(ks) AS x(key) WHERE x.key IS NOT NULL AND x.key <> '') t
@@ -267,13 +307,6 @@ BEGIN
 END;
 $$;
 
--- The effective per-key limit of a queue row: its max_running_per_key, else 2147483647 under a
--- per-key rate limit alone, else NULL (the queue is not claimed key by key).
-CREATE OR REPLACE FUNCTION leash.per_key_limit(max_running_per_key integer, key_rate_limit integer) RETURNS integer
-LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
-    SELECT coalesce(max_running_per_key, CASE WHEN key_rate_limit IS NOT NULL THEN 2147483647 END)
-$$;
-
 -- As in 025, for a queue with a per-key limit or a per-key rate limit, and the queue's sweep once
 -- due (leash.key_sweeps).
 CREATE OR REPLACE FUNCTION leash.claim_keyed_wakes(q text, mark text) RETURNS void
@@ -285,7 +318,7 @@ DECLARE
     woken text[];
     horizon xid8;
 BEGIN
-    SELECT leash.per_key_limit(qq.max_running_per_key, qq.key_rate_limit) INTO per_key
+    SELECT coalesce(qq.max_running_per_key, CASE WHEN qq.key_rate_limit IS NOT NULL THEN 2147483647 END) INTO per_key
     FROM leash.queues qq WHERE qq.name = q AND current_setting('leash.capped_claim', true) = mark;
     IF per_key IS NULL THEN
         RETURN;
@@ -325,7 +358,7 @@ END;
 $$;
 
 -- As in 025, and under a per-key rate limit, no more of a key's jobs than the key has room for
--- (its starts later than now() - key_rate_period, counted from leash.key_rates).
+-- (its starts later than now() - its window, read from leash.key_rates).
 CREATE OR REPLACE FUNCTION leash.claim_keyed_pick(q text, want integer, mark text, unkeyed boolean) RETURNS tid[]
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off SET enable_bitmapscan = off SET enable_hashjoin = off SET enable_mergejoin = off
@@ -349,8 +382,8 @@ DECLARE
     spent text[];
     redo text[];
 BEGIN
-    SELECT leash.per_key_limit(qq.max_running_per_key, qq.key_rate_limit), qq.max_running, qq.paused_at,
-           qq.rate_limit IS NOT NULL, qq.key_rate_limit, coalesce(qq.key_rate_period, interval '1 second')
+    SELECT coalesce(qq.max_running_per_key, CASE WHEN qq.key_rate_limit IS NOT NULL THEN 2147483647 END), qq.max_running, qq.paused_at,
+           qq.rate_limit IS NOT NULL, qq.key_rate_limit, leash.rate_window(qq.key_rate_period)
     INTO per_key, cap, paused, rated, klim, kper
     FROM leash.queues qq WHERE qq.name = q AND current_setting('leash.capped_claim', true) = mark;
     PERFORM set_config('leash.keyed_walked', '{}', true), set_config('leash.keyed_spent', '{}', true),
@@ -391,10 +424,15 @@ BEGIN
         FROM leash.jobs h
         WHERE h.queue = q AND h.concurrency_key = w.key AND h.concurrency_key IS NOT NULL
           AND (h.state = 'running' OR (h.state IN ('available', 'retryable') AND h.attempted_at IS NOT NULL))) hc
+    -- The starts newest first: those in the window are the first m, and the key may start
+    -- klim - m; of the last least(room, klim) positions up to klim, those in the window number
+    -- m - (klim - least(room, klim)) when positive, so least(room, klim) minus them is what the
+    -- claim may start of the key, read from at most room positions.
     CROSS JOIN LATERAL (
         SELECT CASE WHEN klim IS NULL THEN room
-                    ELSE greatest(0, klim - coalesce((SELECT count(*)::integer FROM leash.key_rates r, unnest(r.starts) AS s(at)
-                                                      WHERE r.queue = q AND r.key = w.key AND s.at + kper > now()), 0))
+                    ELSE least(room, klim) - coalesce((
+                        SELECT count(*)::integer FROM leash.key_rates r, generate_series(greatest(klim - room + 1, 1), klim) AS i(i)
+                        WHERE r.queue = q AND r.key = w.key AND r.starts[i.i] > now() - kper), 0)
                END AS room) kr;
     SELECT coalesce(array_agg(ch.ctid ORDER BY ch.n), '{}'), coalesce(array_agg(ch.id ORDER BY ch.n), '{}'),
            coalesce(array_agg(ch.turn ORDER BY ch.n), '{}'), coalesce(array_agg(ch.holds ORDER BY ch.n), '{}')
@@ -467,11 +505,12 @@ DECLARE
     klim integer;
     ids bigint[];
     spent text[];
+    ks text[];
     started integer;
     rate_wait double precision;
     due timestamptz;
 BEGIN
-    SELECT leash.per_key_limit(qq.max_running_per_key, qq.key_rate_limit), qq.rate_limit IS NOT NULL, qq.key_rate_limit
+    SELECT coalesce(qq.max_running_per_key, CASE WHEN qq.key_rate_limit IS NOT NULL THEN 2147483647 END), qq.rate_limit IS NOT NULL, qq.key_rate_limit
     INTO per_key, rated, klim
     FROM leash.queues qq WHERE qq.name = q AND current_setting('leash.capped_claim', true) = mark;
     IF per_key IS NULL THEN
@@ -491,13 +530,19 @@ BEGIN
               WHERE j.id = ANY (ids) AND j.state = 'running' AND j.attempted_at = now() AND j.concurrency_key IS NOT NULL
               GROUP BY j.concurrency_key) t
         ON CONFLICT (queue, key) DO UPDATE
-            SET starts = ARRAY(SELECT s.at FROM unnest(excluded.starts || r.starts) AS s(at) ORDER BY s.at DESC LIMIT klim);
+            SET starts = CASE WHEN cardinality(r.starts) = 0 OR now() >= r.starts[1]
+                              THEN (excluded.starts || r.starts)[1:klim]
+                              ELSE ARRAY(SELECT s.at FROM unnest(excluded.starts || r.starts) AS s(at) ORDER BY s.at DESC LIMIT klim)
+                         END;
     END IF;
     IF cardinality(spent) > 0 AND started = cardinality(ids) THEN
         DELETE FROM leash.concurrency_keys c WHERE c.queue = q AND c.key = ANY (spent);
-        PERFORM leash.refresh_keys(q, coalesce(nullif(current_setting('leash.keyed_redo', true), ''), '{}')::text[], per_key);
+        ks := coalesce(nullif(current_setting('leash.keyed_redo', true), ''), '{}')::text[];
     ELSE
-        PERFORM leash.refresh_keys(q, coalesce(nullif(current_setting('leash.keyed_walked', true), ''), '{}')::text[], per_key);
+        ks := coalesce(nullif(current_setting('leash.keyed_walked', true), ''), '{}')::text[];
+    END IF;
+    IF cardinality(ks) > 0 THEN
+        PERFORM leash.refresh_keys(q, ks, per_key);
     END IF;
     SELECT min(c.next_run_at) INTO due FROM leash.concurrency_keys c
     WHERE c.queue = q AND c.next_run_at > now() AND c.next_run_at < 'infinity';
@@ -519,24 +564,111 @@ BEGIN
 END;
 $$;
 
--- Deletes up to batch rows of leash.key_rates whose starts have all left their queue's window
--- (or whose queue no longer has a per-key rate limit), skipping rows a claim holds; returns how
--- many. Called by retention.
+-- Deletes up to batch rows of leash.key_rates whose starts all left their queue's window more
+-- than a minute ago (a claim whose transaction began a moment before, its now() earlier, still
+-- counts what its own window holds), or whose queue no longer has a per-key rate limit, skipping
+-- rows a claim holds; and up to batch entries of leash.key_wakes of queues no longer claimed key
+-- by key (a repeatable read or serializable writer appends them while any queue has a per-key
+-- limit, see leash.wake_concurrency_keys). Returns how many rows of leash.key_rates. Called by
+-- retention.
 CREATE OR REPLACE FUNCTION leash.delete_idle_key_rates(batch integer) RETURNS integer
 LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
     WITH idle AS (
         SELECT r.queue, r.key FROM leash.key_rates r
         LEFT JOIN leash.queues qq ON qq.name = r.queue
         WHERE qq.key_rate_limit IS NULL
-           OR r.starts[1] IS NULL
-           OR r.starts[1] + coalesce(qq.key_rate_period, interval '1 second') <= now()
+           OR cardinality(r.starts) = 0
+           OR r.starts[1] <= now() - leash.rate_window(qq.key_rate_period) - interval '1 minute'
         LIMIT greatest(batch, 0)
         FOR UPDATE OF r SKIP LOCKED
     ), gone AS (
         DELETE FROM leash.key_rates r USING idle WHERE r.queue = idle.queue AND r.key = idle.key
         RETURNING 1
+    ), stray AS (
+        DELETE FROM leash.key_wakes w
+        WHERE w.ctid = ANY (ARRAY(
+            SELECT x.ctid FROM leash.key_wakes x
+            WHERE NOT EXISTS (SELECT FROM leash.queues qq WHERE qq.name = x.queue
+                              AND (qq.max_running_per_key IS NOT NULL OR qq.key_rate_limit IS NOT NULL))
+            LIMIT greatest(batch, 0)))
     )
     SELECT count(*)::integer FROM gone
 $$;
 
 REVOKE ALL ON FUNCTION leash.delete_idle_key_rates(integer) FROM PUBLIC;
+
+-- The queue's rate limit of 025, its period read as the time it spans (leash.rate_window): a
+-- period mixing years, months or days moved the ring's starts by the calendar, not by its span.
+CREATE OR REPLACE FUNCTION leash.rate_room(q text, mark text, want integer) RETURNS integer
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    lim integer;
+    per interval;
+    h   bigint;
+    n   integer;
+BEGIN
+    SELECT qq.rate_limit, leash.rate_window(qq.rate_period) INTO lim, per
+    FROM leash.queues qq WHERE qq.name = q AND current_setting('leash.capped_claim', true) = mark;
+    IF NOT FOUND THEN
+        RETURN 0;
+    END IF;
+    IF lim IS NULL THEN
+        RETURN greatest(want, 0);
+    END IF;
+    want := least(want, lim);
+    IF want <= 0 THEN
+        RETURN 0;
+    END IF;
+    SELECT r.head INTO h FROM leash.rate_heads r WHERE r.queue = q FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        RETURN 0;
+    END IF;
+    SELECT coalesce(min(i.i), want) INTO n
+    FROM generate_series(0, want - 1) AS i(i)
+    JOIN leash.rate_slots s ON s.queue = q AND s.slot = ((h + i.i) % lim)::integer
+    WHERE s.started_at > now() - per;
+    RETURN n;
+END;
+$$;
+
+-- Records n starts of the claim of queue q (mark: the claim's), made at now(), in the next n
+-- slots from the head, and moves the head past them; n is at most what leash.rate_room allowed
+-- in the same transaction. Returns how long (milliseconds) until the slot at the new head is
+-- free, 0 when it is free now; NULL when the queue has no rate limit or the row is not held.
+-- Its writes wait at most 100ms for a row lock (a transaction holding a slot fails this claim
+-- of this queue, and its jobs stay queued).
+CREATE OR REPLACE FUNCTION leash.rate_take(q text, mark text, n integer) RETURNS double precision
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET lock_timeout = '100ms' AS $$
+DECLARE
+    lim integer;
+    per interval;
+    h   bigint;
+    nxt timestamptz;
+BEGIN
+    SELECT qq.rate_limit, leash.rate_window(qq.rate_period) INTO lim, per
+    FROM leash.queues qq WHERE qq.name = q AND current_setting('leash.capped_claim', true) = mark;
+    IF NOT FOUND OR lim IS NULL THEN
+        RETURN NULL;
+    END IF;
+    IF lim = 0 THEN
+        RETURN extract(epoch FROM per) * 1000;
+    END IF;
+    SELECT r.head INTO h FROM leash.rate_heads r WHERE r.queue = q;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    n := least(greatest(coalesce(n, 0), 0), lim);
+    IF n > 0 THEN
+        INSERT INTO leash.rate_slots AS s (queue, slot, started_at)
+        SELECT q, ((h + i.i) % lim)::integer, now() FROM generate_series(0, n - 1) AS i(i)
+        ON CONFLICT (queue, slot) DO UPDATE SET started_at = excluded.started_at;
+        UPDATE leash.rate_heads r SET head = r.head + n WHERE r.queue = q;
+        h := h + n;
+    END IF;
+    SELECT s.started_at + per INTO nxt FROM leash.rate_slots s WHERE s.queue = q AND s.slot = (h % lim)::integer;
+    IF nxt IS NULL OR nxt <= now() THEN
+        RETURN 0; -- free (a slot never used holds -infinity)
+    END IF;
+    RETURN extract(epoch FROM nxt - now()) * 1000;
+END;
+$$;

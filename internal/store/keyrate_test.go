@@ -180,7 +180,9 @@ func TestKeyRateLimitBounds(t *testing.T) {
 	ctx := context.Background()
 	for _, bad := range []string{
 		`SELECT leash.set_queue_key_rate_limit('kb', -1)`,
-		`SELECT leash.set_queue_key_rate_limit('kb', 10001)`,
+		`SELECT leash.set_queue_key_rate_limit('kb', 1001)`,
+		`SELECT leash.set_queue_key_rate_limit('kb', 1, interval '-1 year 361 days')`,
+		`SELECT leash.set_queue_rate_limit('kb', 1, interval '-1 year 361 days')`,
 		`SELECT leash.set_queue_key_rate_limit('kb', 1, interval '0')`,
 		`SELECT leash.set_queue_key_rate_limit('kb', 1, interval '1 year')`,
 		`SELECT leash.set_queue_key_rate_limit('kb', 1, interval '-1 second')`,
@@ -193,7 +195,7 @@ func TestKeyRateLimitBounds(t *testing.T) {
 		}
 	}
 	// 31 days, and a month of 30 days (what the interval compares as), are within bounds.
-	execAll(t, db, `SELECT leash.set_queue_key_rate_limit('kb', 10000, interval '31 days')`,
+	execAll(t, db, `SELECT leash.set_queue_key_rate_limit('kb', 1000, interval '31 days')`,
 		`SELECT leash.set_queue_key_rate_limit('kb3', 1, interval '1 month')`)
 }
 
@@ -206,8 +208,8 @@ func TestDeleteIdleKeyRates(t *testing.T) {
 	execAll(t, db,
 		`SELECT leash.set_queue_key_rate_limit('ki', 2, interval '1 minute')`,
 		`INSERT INTO leash.key_rates (queue, key, starts) VALUES
-		   ('ki', 'old', ARRAY[now() - interval '2 minutes']),
-		   ('ki', 'new', ARRAY[now() - interval '10 seconds', now() - interval '2 minutes']),
+		   ('ki', 'old', ARRAY[now() - interval '3 minutes']),
+		   ('ki', 'new', ARRAY[now() - interval '90 seconds', now() - interval '3 minutes']),
 		   ('ki', 'empty', '{}'),
 		   ('gone', 'x', ARRAY[now()])`)
 	n, err := store.DeleteIdleKeyRates(ctx, db, 1000)
@@ -220,6 +222,20 @@ func TestDeleteIdleKeyRates(t *testing.T) {
 	}
 	if n != 3 || !slices.Equal(left, []string{"ki/new"}) {
 		t.Fatalf("deleted %d, left %v; want 3 deleted and ki/new left", n, left)
+	}
+	// Wakes of a queue not claimed key by key (a repeatable read writer's, while another queue
+	// has a limit) go too; those of a keyed queue stay for its claims.
+	execAll(t, db, `DELETE FROM leash.key_wakes`,
+		`INSERT INTO leash.key_wakes (queue, key) VALUES ('plain', 'x'), ('plain', ''), ('ki', 'y')`)
+	if _, err := store.DeleteIdleKeyRates(ctx, db, 1000); err != nil {
+		t.Fatal(err)
+	}
+	var wakes []string
+	if err := db.QueryRow(ctx, `SELECT array_agg(queue || '/' || key ORDER BY queue, key) FROM leash.key_wakes`).Scan(&wakes); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(wakes, []string{"ki/y"}) {
+		t.Fatalf("wakes left %v; want ki/y alone", wakes)
 	}
 }
 

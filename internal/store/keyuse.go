@@ -14,7 +14,7 @@ type KeyUse struct {
 	// Waiting counts the key's jobs not yet started that are due now.
 	Waiting int64
 	// OutOfRate: the key has no room under its queue's per-key rate limit; RateWait is how long
-	// until it has (0 with a limit of 0: never).
+	// until it has (0 with a limit of 0, or a start recorded more than a year ahead: not in sight).
 	OutOfRate bool
 	RateWait  time.Duration
 }
@@ -64,10 +64,11 @@ const keyUseSQL = `
 		          AND f.state IN ('available', 'retryable') AND f.attempted_at IS NULL AND f.run_at <= pg_catalog.now()
 		        LIMIT $3) x),
 		(SELECT CASE WHEN qq.key_rate_limit = 0 THEN -1
-		             WHEN cardinality(r.starts) >= qq.key_rate_limit
-		              AND r.starts[qq.key_rate_limit] + coalesce(qq.key_rate_period, interval '1 second') > pg_catalog.now()
-		             THEN extract(epoch FROM r.starts[qq.key_rate_limit] + coalesce(qq.key_rate_period, interval '1 second')
-		                                     - pg_catalog.now()) * 1000
+		             WHEN cardinality(r.starts) < qq.key_rate_limit
+		               OR r.starts[qq.key_rate_limit] <= pg_catalog.now() - leash.rate_window(qq.key_rate_period) THEN NULL
+		             WHEN r.starts[qq.key_rate_limit] > pg_catalog.now() + interval '1 year' THEN -1
+		             ELSE extract(epoch FROM r.starts[qq.key_rate_limit] - pg_catalog.now()
+		                                     + leash.rate_window(qq.key_rate_period)) * 1000
 		        END
 		 FROM leash.queues qq LEFT JOIN leash.key_rates r ON r.queue = qq.name AND r.key = k.key
 		 WHERE qq.name = $1 AND qq.key_rate_limit IS NOT NULL)
