@@ -2,6 +2,9 @@ package pool_test
 
 import (
 	"context"
+	"fmt"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -204,5 +207,90 @@ func TestRateLimitWithDocsGrants(t *testing.T) {
 	})
 	if m := mostStartsInWindow(t, db, "gq", 100*time.Millisecond, time.Time{}, time.Now().Add(time.Hour)); m > 5 {
 		t.Fatalf("%d starts in one window; the limit is 5", m)
+	}
+}
+
+// A per-key rate limit holds across four pools that together could start far more: for each key,
+// no window of the period holds more starts than the limit, sampled both in the handlers (every
+// attempt, as it starts) and from the starts the database recorded; the limit is reached, jobs
+// without a key run beside it unlimited, and the keys drain at about the limit.
+func TestKeyRateLimitAcrossPools(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	ctx := context.Background()
+	const limit, keys, perKey = 3, 5, 24
+	const period = 200 * time.Millisecond
+	if err := pool.SetQueueKeyRateLimit(ctx, db, "krated", limit, period); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(ctx, `INSERT INTO leash.jobs (queue, kind, concurrency_key)
+		SELECT 'krated', 'kr', 'k' || (i % $1) FROM generate_series(1, $2) i`, keys, keys*perKey); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(ctx, `INSERT INTO leash.jobs (queue, kind) SELECT 'krated', 'kr' FROM generate_series(1, 100)`); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	seen := map[string][]time.Time{}
+	for range 4 {
+		cfg := fastConfig()
+		cfg.Queues = []string{"krated"}
+		cfg.Concurrency = 20
+		p, _ := setup(t, db, cfg, map[string]pool.Handler{"kr": pool.HandlerFunc(func(ctx context.Context, j *pool.Job) error {
+			mu.Lock()
+			seen[j.ConcurrencyKey] = append(seen[j.ConcurrencyKey], j.AttemptedAt)
+			mu.Unlock()
+			time.Sleep(time.Millisecond)
+			return nil
+		})})
+		start(t, p)
+	}
+	waitFor(t, 60*time.Second, func() bool {
+		return count(t, db, `SELECT count(*) FROM leash.jobs WHERE state = 'completed'`) == keys*perKey+100
+	})
+	most := func(starts []time.Time) int {
+		slices.SortFunc(starts, func(a, b time.Time) int { return a.Compare(b) })
+		best := 0
+		for i := range starts {
+			j, _ := slices.BinarySearchFunc(starts, starts[i].Add(period), func(a, b time.Time) int { return a.Compare(b) })
+			best = max(best, j-i)
+		}
+		return best
+	}
+	for k := range keys {
+		key := fmt.Sprintf("k%d", k)
+		var fromDB []time.Time
+		if err := db.QueryRow(ctx, `SELECT array_agg(attempted_at) FROM leash.jobs WHERE queue = 'krated' AND concurrency_key = $1`,
+			key).Scan(&fromDB); err != nil {
+			t.Fatal(err)
+		}
+		mu.Lock()
+		inHandlers := slices.Clone(seen[key])
+		mu.Unlock()
+		if len(inHandlers) != perKey {
+			t.Errorf("key %s: %d starts seen by the handlers; want %d", key, len(inHandlers), perKey)
+		}
+		for src, starts := range map[string][]time.Time{"the database": fromDB, "the handlers": inHandlers} {
+			if m := most(starts); m > limit {
+				t.Errorf("key %s: %d starts in one window of %s, as %s recorded them; the limit is %d", key, m, period, src, limit)
+			} else if m < limit {
+				t.Errorf("key %s: at most %d starts in a window of %s (%s): the limit %d was never reached", key, m, period, src, limit)
+			}
+		}
+		// 24 starts at 3 per 200ms take at least 1.4s (the first 3 at once); well under twice that.
+		slices.SortFunc(fromDB, func(a, b time.Time) int { return a.Compare(b) })
+		span := fromDB[len(fromDB)-1].Sub(fromDB[0])
+		if lo, hi := time.Duration(perKey/limit-1)*period, 2*time.Duration(perKey/limit)*period; span < lo-10*time.Millisecond || span > hi {
+			t.Errorf("key %s: its starts spanned %s; want %s to %s", key, span, lo, hi)
+		}
+	}
+	// Jobs without a key are not held back by the keys' rates.
+	var unkeyedSpan float64
+	if err := db.QueryRow(ctx, `SELECT extract(epoch FROM max(attempted_at) - min(attempted_at)) FROM leash.jobs
+		WHERE queue = 'krated' AND concurrency_key IS NULL`).Scan(&unkeyedSpan); err != nil {
+		t.Fatal(err)
+	}
+	if unkeyedSpan > 2 {
+		t.Errorf("the 100 jobs without a key took %.2fs to start; the keys' rates should not hold them back", unkeyedSpan)
 	}
 }
