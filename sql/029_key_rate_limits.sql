@@ -672,3 +672,23 @@ BEGIN
     RETURN extract(epoch FROM nxt - now()) * 1000;
 END;
 $$;
+
+-- 025's row triggers on updates of leash.jobs, fired only by an UPDATE that names one of the
+-- columns their WHEN compares (or whose BEFORE triggers change one): a renewal or a progress
+-- write, which name none, no longer evaluates them for every row.
+DROP TRIGGER IF EXISTS jobs_key_changed ON leash.jobs;
+CREATE TRIGGER jobs_key_changed
+    AFTER UPDATE OF state, run_at, priority, queue, concurrency_key, attempted_at, revoked_at ON leash.jobs
+    FOR EACH ROW WHEN ((OLD.concurrency_key IS NOT NULL OR NEW.concurrency_key IS NOT NULL)
+        AND NOT (OLD.state IN ('available', 'retryable') AND NEW.state = 'running'
+                 AND OLD.queue = NEW.queue AND OLD.concurrency_key IS NOT DISTINCT FROM NEW.concurrency_key)
+        AND (OLD.state, OLD.run_at, OLD.priority, OLD.queue, OLD.concurrency_key, OLD.attempted_at, OLD.revoked_at)
+            IS DISTINCT FROM (NEW.state, NEW.run_at, NEW.priority, NEW.queue, NEW.concurrency_key, NEW.attempted_at, NEW.revoked_at))
+    EXECUTE FUNCTION leash.wake_concurrency_keys();
+
+DROP TRIGGER IF EXISTS jobs_unkeyed_requeued ON leash.jobs;
+CREATE TRIGGER jobs_unkeyed_requeued AFTER UPDATE OF state ON leash.jobs
+    FOR EACH ROW WHEN (NEW.concurrency_key IS NULL AND NEW.state IN ('available', 'retryable')
+        AND OLD.state IS DISTINCT FROM NEW.state
+        AND pg_catalog.pg_sequence_last_value('leash.keyed_queues'::regclass) OPERATOR(pg_catalog.>) 0)
+    EXECUTE FUNCTION leash.wake_unkeyed();
