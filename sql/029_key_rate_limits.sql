@@ -358,7 +358,8 @@ END;
 $$;
 
 -- As in 025, and under a per-key rate limit, no more of a key's jobs than the key has room for
--- (its starts later than now() - its window, read from leash.key_rates).
+-- (its starts later than now() - its window, read from leash.key_rates); the wake of jobs without
+-- a key is taken only by a claim with room.
 CREATE OR REPLACE FUNCTION leash.claim_keyed_pick(q text, want integer, mark text, unkeyed boolean) RETURNS tid[]
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off SET enable_bitmapscan = off SET enable_hashjoin = off SET enable_mergejoin = off
@@ -391,10 +392,6 @@ BEGIN
     IF per_key IS NULL THEN
         RETURN '{}';
     END IF;
-    DELETE FROM leash.key_wakes w WHERE w.queue = q AND w.key = '';
-    IF FOUND THEN
-        unkeyed := true;
-    END IF;
     IF paused IS NOT NULL THEN
         RETURN '{}';
     END IF;
@@ -407,6 +404,13 @@ BEGIN
     END IF;
     IF room <= 0 THEN
         RETURN '{}';
+    END IF;
+    -- Jobs without a key were inserted or queued again since the last claim that looked: taken
+    -- only by a claim that looks (in 025, a paused queue's claim, or one without room, took the
+    -- entry and looked at nothing, leaving those jobs to the periodic look).
+    DELETE FROM leash.key_wakes w WHERE w.queue = q AND w.key = '';
+    IF FOUND THEN
+        unkeyed := true;
     END IF;
     walked := ARRAY(
         SELECT c.key FROM leash.concurrency_keys c
@@ -673,22 +677,3 @@ BEGIN
 END;
 $$;
 
--- 025's row triggers on updates of leash.jobs, fired only by an UPDATE that names one of the
--- columns their WHEN compares (or whose BEFORE triggers change one): a renewal or a progress
--- write, which name none, no longer evaluates them for every row.
-DROP TRIGGER IF EXISTS jobs_key_changed ON leash.jobs;
-CREATE TRIGGER jobs_key_changed
-    AFTER UPDATE OF state, run_at, priority, queue, concurrency_key, attempted_at, revoked_at ON leash.jobs
-    FOR EACH ROW WHEN ((OLD.concurrency_key IS NOT NULL OR NEW.concurrency_key IS NOT NULL)
-        AND NOT (OLD.state IN ('available', 'retryable') AND NEW.state = 'running'
-                 AND OLD.queue = NEW.queue AND OLD.concurrency_key IS NOT DISTINCT FROM NEW.concurrency_key)
-        AND (OLD.state, OLD.run_at, OLD.priority, OLD.queue, OLD.concurrency_key, OLD.attempted_at, OLD.revoked_at)
-            IS DISTINCT FROM (NEW.state, NEW.run_at, NEW.priority, NEW.queue, NEW.concurrency_key, NEW.attempted_at, NEW.revoked_at))
-    EXECUTE FUNCTION leash.wake_concurrency_keys();
-
-DROP TRIGGER IF EXISTS jobs_unkeyed_requeued ON leash.jobs;
-CREATE TRIGGER jobs_unkeyed_requeued AFTER UPDATE OF state ON leash.jobs
-    FOR EACH ROW WHEN (NEW.concurrency_key IS NULL AND NEW.state IN ('available', 'retryable')
-        AND OLD.state IS DISTINCT FROM NEW.state
-        AND pg_catalog.pg_sequence_last_value('leash.keyed_queues'::regclass) OPERATOR(pg_catalog.>) 0)
-    EXECUTE FUNCTION leash.wake_unkeyed();

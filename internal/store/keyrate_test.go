@@ -319,3 +319,39 @@ func TestKeyRatesRowHeldStopsOnlyItsQueue(t *testing.T) {
 		t.Fatalf("claim once the transaction ended took %d; want 1", len(got))
 	}
 }
+
+// A job without a key inserted while its keyed queue has no room (at its cap, or paused) is taken
+// by the first claim with room, not left to the periodic look: a claim without room leaves the
+// insert's wake for the next.
+func TestClaimKeyedWithoutRoomKeepsUnkeyedWake(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Pool(t)
+	ctx := context.Background()
+	execAll(t, db,
+		`SELECT leash.set_queue_max_running_per_key('kc', 1)`,
+		`UPDATE leash.queues SET max_running = 1 WHERE name = 'kc'`,
+		`INSERT INTO leash.jobs (queue, kind, concurrency_key) VALUES ('kc', 'w', 'a')`)
+	settleKeyed(t, db, "kc")
+	first := claimKeyed(t, db, "kc", 10, false)
+	if len(first) != 1 {
+		t.Fatalf("first claim took %d; want key a's job", len(first))
+	}
+	execAll(t, db, `INSERT INTO leash.jobs (queue, kind) VALUES ('kc', 'w')`)
+	if got := claimKeyed(t, db, "kc", 10, false); len(got) != 0 {
+		t.Fatalf("claim at the cap took %v; want nothing", claimedIDs(got))
+	}
+	execAll(t, db, `SELECT leash.pause_queue('kc')`)
+	if got := claimKeyed(t, db, "kc", 10, false); len(got) != 0 {
+		t.Fatalf("claim of the paused queue took %v; want nothing", claimedIDs(got))
+	}
+	execAll(t, db, `SELECT leash.resume_queue('kc')`)
+	completeAll(t, db, claimedIDs(first))
+	got := claimKeyed(t, db, "kc", 10, false)
+	if len(got) != 1 || got[0].ConcurrencyKey != "" {
+		t.Fatalf("claim once the cap had room took %v; want the job without a key", countKeys(got))
+	}
+	var wakes int
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM leash.key_wakes WHERE queue = 'kc' AND key = ''`).Scan(&wakes); err != nil || wakes != 0 {
+		t.Fatalf("%d wakes of jobs without a key left, %v; want none", wakes, err)
+	}
+}

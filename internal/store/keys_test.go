@@ -39,6 +39,29 @@ func claimKeyed(t *testing.T, db *pgxpool.Pool, queue string, limit int, unkeyed
 	return jobs
 }
 
+// settleKeyed claims nothing from queue (a claim of 0) until the sweep that follows a change of
+// its limits has run (leash.key_sweeps): until then a claim may look at every key and at the jobs
+// without a key once more.
+func settleKeyed(t *testing.T, db *pgxpool.Pool, queue string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		claimKeyed(t, db, queue, 0, false)
+		var left int
+		if err := db.QueryRow(context.Background(), `SELECT count(*) FROM leash.key_sweeps WHERE queue = $1`, queue).Scan(&left); err != nil {
+			t.Fatal(err)
+		}
+		if left == 0 {
+			claimKeyed(t, db, queue, 0, false) // the wakes the sweep appended
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the sweep of queue %s did not run within 10s", queue)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 func claimedIDs(jobs []store.ClaimedJob) []int64 {
 	ids := make([]int64, len(jobs))
 	for i, j := range jobs {
@@ -236,7 +259,7 @@ func TestClaimKeyedFindsJobsWithoutKey(t *testing.T) {
 	t.Parallel()
 	db := pgtest.Pool(t)
 	execAll(t, db, `SELECT leash.set_queue_max_running_per_key('kq', 1)`)
-	claimKeyed(t, db, "kq", 10, false) // consumes the wakes of setting the limit
+	settleKeyed(t, db, "kq") // consumes the wakes of setting the limit, and its sweep
 	execAll(t, db, `INSERT INTO leash.jobs (queue, kind) VALUES ('kq', 'w'), ('kq', 'w')`)
 	if got := claimedIDs(claimKeyed(t, db, "kq", 1, false)); !slices.Equal(got, []int64{1}) {
 		t.Fatalf("claim after the insert took %v; want job 1", got)
