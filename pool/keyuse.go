@@ -100,28 +100,8 @@ func ReadQueueKeys(ctx context.Context, db DB, queue string, top int) (QueueKeys
 // keys at their limit than KeysLooked, or more than KeyCountCap jobs waiting on one key). Queues
 // without a per-key limit are absent.
 func JobsWaitingOnKeyLimit(ctx context.Context, db DB, queues []string) (map[string]int64, error) {
-	rows, err := store.QueueControls(ctx, db, queues)
-	if err != nil {
-		return nil, err
-	}
-	out := make(map[string]int64)
-	for name, row := range rows {
-		if row.MaxRunningPerKey == nil {
-			continue
-		}
-		uses, err := store.ReadKeyUse(ctx, db, name, KeysLooked, KeyCountCap)
-		if err != nil {
-			return nil, err
-		}
-		var n int64
-		for _, u := range uses {
-			if u.Holders >= int64(*row.MaxRunningPerKey) {
-				n += u.Waiting
-			}
-		}
-		out[name] = n
-	}
-	return out, nil
+	return jobsHeldBack(ctx, db, queues, func(row store.QueueControl) bool { return row.MaxRunningPerKey != nil },
+		func(row store.QueueControl, u store.KeyUse) bool { return u.Holders >= int64(*row.MaxRunningPerKey) })
 }
 
 // JobsWaitingOnKeyRate counts, for each of queues that has a per-key rate limit
@@ -130,13 +110,21 @@ func JobsWaitingOnKeyLimit(ctx context.Context, db DB, queues []string) (map[str
 // bound beyond KeysLooked keys or KeyCountCap jobs of one key). Queues without a per-key rate
 // limit are absent.
 func JobsWaitingOnKeyRate(ctx context.Context, db DB, queues []string) (map[string]int64, error) {
+	return jobsHeldBack(ctx, db, queues, func(row store.QueueControl) bool { return row.KeyRateLimit != nil },
+		func(_ store.QueueControl, u store.KeyUse) bool { return u.OutOfRate })
+}
+
+// jobsHeldBack counts, for each of queues whose row has the limit (limited), the waiting jobs of
+// the keys it holds back (held), on the bounded look of store.ReadKeyUse.
+func jobsHeldBack(ctx context.Context, db DB, queues []string, limited func(store.QueueControl) bool,
+	held func(store.QueueControl, store.KeyUse) bool) (map[string]int64, error) {
 	rows, err := store.QueueControls(ctx, db, queues)
 	if err != nil {
 		return nil, err
 	}
 	out := make(map[string]int64)
 	for name, row := range rows {
-		if row.KeyRateLimit == nil {
+		if !limited(row) {
 			continue
 		}
 		uses, err := store.ReadKeyUse(ctx, db, name, KeysLooked, KeyCountCap)
@@ -145,7 +133,7 @@ func JobsWaitingOnKeyRate(ctx context.Context, db DB, queues []string) (map[stri
 		}
 		var n int64
 		for _, u := range uses {
-			if u.OutOfRate {
+			if held(row, u) {
 				n += u.Waiting
 			}
 		}

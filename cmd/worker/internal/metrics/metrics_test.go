@@ -153,6 +153,42 @@ func TestJobsWaitingOnKeyLimitGauge(t *testing.T) {
 	}
 }
 
+// leash_jobs_waiting_on_key_rate_limit counts, per queue of the worker with a per-key rate limit,
+// the due jobs not yet started of the keys with no room under it; a queue without one has no
+// series.
+func TestJobsWaitingOnKeyRateGauge(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Pool(t)
+	if err := pool.SetQueueKeyRateLimit(ctx, db, "kr", 1, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	p, err := pool.New(db, pool.Config{Queues: []string{"kr", "plain"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	metrics.RegisterPool(reg, p, db)
+	for _, k := range []string{"spent", "spent", "spent", "fresh", "fresh"} {
+		if _, err := pool.Insert(ctx, db, "w", nil, &pool.InsertOpts{Queue: "kr", ConcurrencyKey: k}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if v, ok := gathered(t, reg, "leash_jobs_waiting_on_key_rate_limit", "kr"); !ok || v != 0 {
+		t.Fatalf("no key out of room: %v %v; want 0", v, ok)
+	}
+	// Key spent started within the hour, as a claim records it: its 3 due jobs wait.
+	if _, err := db.Exec(ctx, `INSERT INTO leash.key_rates (queue, key, starts) VALUES ('kr', 'spent', ARRAY[now()])`); err != nil {
+		t.Fatal(err)
+	}
+	if v, ok := gathered(t, reg, "leash_jobs_waiting_on_key_rate_limit", "kr"); !ok || v != 3 {
+		t.Fatalf("kr: %v %v; want 3", v, ok)
+	}
+	if _, ok := gathered(t, reg, "leash_jobs_waiting_on_key_rate_limit", "plain"); ok {
+		t.Fatal("a queue without a per-key rate limit has a series")
+	}
+}
+
 // leash_claims_rate_limited_total is Stats.RateLimited: the claims that left a rate-limited queue
 // at its limit.
 func TestClaimsRateLimitedCounter(t *testing.T) {
