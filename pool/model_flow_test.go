@@ -661,6 +661,35 @@ func (m *flowModel) dumpStuck(ctx context.Context) {
 	}
 }
 
+// checkWindows records a violation for each limit segment in which some window of period holds
+// more starts of all than the segment's limit (what names whose starts they are), and returns the
+// starts in order, the most in any window and how many windows were at the limit.
+func (m *flowModel) checkWindows(all map[flowStart]bool, segs []rateSeg, period time.Duration, what string) (ats []int64, most, full int) {
+	for s := range all {
+		ats = append(ats, s.at)
+	}
+	slices.Sort(ats)
+	for _, seg := range segs {
+		from, until, p := seg.from.UnixMicro(), seg.until.UnixMicro(), period.Microseconds()
+		for i, a := range ats {
+			if a < from || a+p > until {
+				continue
+			}
+			n, _ := slices.BinarySearch(ats, a+p)
+			most = max(most, n-i)
+			if n-i == seg.limit {
+				full++
+			}
+			if n-i > seg.limit {
+				m.violate("%s: %d starts in the %s from %s; the limit is %d", what, n-i, period,
+					time.UnixMicro(a).UTC().Format(time.RFC3339Nano), seg.limit)
+				break
+			}
+		}
+	}
+	return ats, most, full
+}
+
 func (m *flowModel) check(ctx context.Context) {
 	t := m.t
 	// (b) A sequential key's jobs never interleave: a job started again only right after its own
@@ -699,30 +728,7 @@ func (m *flowModel) check(ctx context.Context) {
 			all[flowStart{id, at.UnixMicro()}] = true
 		}
 		rows.Close()
-		var ats []int64
-		for s := range all {
-			ats = append(ats, s.at)
-		}
-		slices.Sort(ats)
-		most, full := 0, 0
-		for _, seg := range q.segs {
-			from, until, p := seg.from.UnixMicro(), seg.until.UnixMicro(), q.period.Microseconds()
-			for i, a := range ats {
-				if a < from || a+p > until {
-					continue
-				}
-				n, _ := slices.BinarySearch(ats, a+p)
-				most = max(most, n-i)
-				if n-i == seg.limit {
-					full++
-				}
-				if n-i > seg.limit {
-					m.violate("queue %s: %d starts in the %s from %s; the limit is %d", name, n-i, q.period,
-						time.UnixMicro(a).UTC().Format(time.RFC3339Nano), seg.limit)
-					break
-				}
-			}
-		}
+		ats, most, full := m.checkWindows(all, q.segs, q.period, "queue "+name)
 		t.Logf("seed %d: queue %s: %d starts, at most %d in a window, %d windows at the limit (%d rate changes)",
 			m.seed, name, len(ats), most, full, len(q.segs)-1)
 	}
@@ -752,30 +758,9 @@ func (m *flowModel) check(ctx context.Context) {
 	rows.Close()
 	keyMost, keyFull, keyStarts := 0, 0, 0
 	for key, all := range byKey {
-		var ats []int64
-		for s := range all {
-			ats = append(ats, s.at)
-		}
-		slices.Sort(ats)
+		ats, most, full := m.checkWindows(all, q.keySegs, q.keyPeriod, "queue krate, key "+key)
 		keyStarts += len(ats)
-		for _, seg := range q.keySegs {
-			from, until, p := seg.from.UnixMicro(), seg.until.UnixMicro(), q.keyPeriod.Microseconds()
-			for i, a := range ats {
-				if a < from || a+p > until {
-					continue
-				}
-				n, _ := slices.BinarySearch(ats, a+p)
-				keyMost = max(keyMost, n-i)
-				if n-i == seg.limit {
-					keyFull++
-				}
-				if n-i > seg.limit {
-					m.violate("queue krate, key %s: %d starts in the %s from %s; the per-key limit is %d", key, n-i, q.keyPeriod,
-						time.UnixMicro(a).UTC().Format(time.RFC3339Nano), seg.limit)
-					break
-				}
-			}
-		}
+		keyMost, keyFull = max(keyMost, most), keyFull+full
 	}
 	t.Logf("seed %d: queue krate: %d starts of %d keys, at most %d of a key in a window, %d windows at the limit (%d changes)",
 		m.seed, keyStarts, len(byKey), keyMost, keyFull, len(q.keySegs)-1)
