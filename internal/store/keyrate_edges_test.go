@@ -329,14 +329,31 @@ func TestKeyRateManyClaimers(t *testing.T) {
 		`INSERT INTO leash.jobs (queue, kind) SELECT 'kmc', 'w' FROM generate_series(1, 50)`)
 	var mu sync.Mutex
 	starts := map[string][]time.Time{}
-	stop := time.Now().Add(1500 * time.Millisecond)
+	// The claimers run for at least 1.5s and on until enough windows have passed that every key
+	// had a few starts, so a loaded machine (slow claims) still sees the limit under contention;
+	// the deadline only bounds a queue that never gives out a keyed job.
+	const wantStarts = 5 * 2 * 3
+	minStop, deadline := time.Now().Add(1500*time.Millisecond), time.Now().Add(30*time.Second)
+	running := func() bool {
+		now := time.Now()
+		if now.Before(minStop) {
+			return true
+		}
+		mu.Lock()
+		n := 0
+		for _, s := range starts {
+			n += len(s)
+		}
+		mu.Unlock()
+		return n < wantStarts && now.Before(deadline)
+	}
 	var wg sync.WaitGroup
 	errs := make(chan error, 30)
 	for w := range 30 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for time.Now().Before(stop) {
+			for running() {
 				jobs, _, err := store.ClaimKeyed(ctx, db, store.KeyedParams{Unkeyed: w%3 == 0,
 					ClaimParams: store.ClaimParams{Queues: []string{"kmc"}, Limit: 3, WorkerID: fmt.Sprint("w", w), Lease: time.Minute}})
 				if errors.Is(err, store.ErrQueueBusy) {
@@ -379,8 +396,8 @@ func TestKeyRateManyClaimers(t *testing.T) {
 			t.Errorf("key %s: %d starts in a window of %s; want at most 2", k, n, period)
 		}
 	}
-	if total < 5*2 {
-		t.Errorf("only %d starts of keyed jobs in 1.5s; want at least one window's worth per key", total)
+	if total < wantStarts {
+		t.Errorf("only %d starts of keyed jobs in 30s; want at least %d (three windows' worth per key)", total, wantStarts)
 	}
 	t.Logf("%d keyed starts", total)
 }
