@@ -932,13 +932,28 @@ type run struct {
 func (p *Pool) runner(r run) {
 	for {
 		p.runOne(r)
-		pprof.SetGoroutineLabels(p.jobsCtx)
+		pprof.SetGoroutineLabels(p.runnerLabels)
 		select {
 		case r = <-p.idle:
 		case <-p.done:
 			return
 		}
 	}
+}
+
+// labelsOnly returns a context that carries ctx's profiler labels and nothing else, read once at
+// Run's start. pprof.SetGoroutineLabels given the jobs' context itself (a context.WithoutCancel)
+// would allocate a copy of it on every call, once per job.
+func labelsOnly(ctx context.Context) context.Context {
+	var kv []string
+	pprof.ForLabels(ctx, func(k, v string) bool {
+		kv = append(kv, k, v)
+		return true
+	})
+	if len(kv) == 0 {
+		return context.Background()
+	}
+	return pprof.WithLabels(context.Background(), pprof.Labels(kv...))
 }
 
 // runOne executes one attempt and frees its slot.

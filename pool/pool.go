@@ -82,18 +82,21 @@ type Pool struct {
 	handlersMu sync.RWMutex
 	handlers   map[string]Handler
 
-	listener    *listener.Listener
-	events      *eventQueue    // delivers to Config.Observer; nil without one
-	wake        chan struct{}  // a notification or a poll: there may be new jobs
-	slotWake    chan struct{}  // a handler returned: a slot is free
-	active      atomic.Int64   // started attempts whose handler goroutine has not finished with them
-	runs        sync.WaitGroup // attempts started and not yet run to their end (see runner)
-	idle        chan run       // hands the next attempt to an idle runner
-	jobsCtx     context.Context
-	revocations *recorder   // writes notified revocations into their rows
-	waiterID    string      // this pool's name in leash.waiters
-	wakeChannel string      // the channel only this pool LISTENs on, for inserts that pick it
-	picked      atomic.Bool // an insert picked this pool (a wake on wakeChannel) since it last re-armed
+	listener *listener.Listener
+	events   *eventQueue    // delivers to Config.Observer; nil without one
+	wake     chan struct{}  // a notification or a poll: there may be new jobs
+	slotWake chan struct{}  // a handler returned: a slot is free
+	active   atomic.Int64   // started attempts whose handler goroutine has not finished with them
+	runs     sync.WaitGroup // attempts started and not yet run to their end (see runner)
+	idle     chan run       // hands the next attempt to an idle runner
+	jobsCtx  context.Context
+	// runnerLabels carries only the profiler labels of Run's context, which a runner puts back
+	// on its goroutine after each attempt.
+	runnerLabels context.Context
+	revocations  *recorder   // writes notified revocations into their rows
+	waiterID     string      // this pool's name in leash.waiters
+	wakeChannel  string      // the channel only this pool LISTENs on, for inserts that pick it
+	picked       atomic.Bool // an insert picked this pool (a wake on wakeChannel) since it last re-armed
 	// ownPollEvery is ownPollEvery, for this pool (tests raise it).
 	ownPollEvery int
 	gate         wakeGate      // holds back notifications that keep leading to nothing
@@ -324,6 +327,7 @@ func (p *Pool) Run(ctx context.Context) error {
 		return err
 	}
 	p.jobsCtx = context.WithoutCancel(ctx)
+	p.runnerLabels = labelsOnly(ctx)
 
 	svcCtx, stopServices := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopServices()

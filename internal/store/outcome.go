@@ -151,7 +151,7 @@ func finishQuery(outs []Outcome) (string, []any, error) {
 			outputs[i] = &out
 		}
 	}
-	return finishSQL, []any{int8Array(ids), int8Array(tokens), textArray(states), delays, giveBack, errs, revokes, outputs}, nil
+	return finishSQL, []any{int8Array(ids), int8Array(tokens), textArray(states), int8Array(delays), giveBack, errs, revokes, outputs}, nil
 }
 
 // int8Array and textArray are slices sent as bigint[] and text[] parameters whose elements pgx
@@ -317,17 +317,21 @@ func invalidOutput(err error) []byte {
 // StillHeld returns which of the jobs ids[i] still carry tokens[i] (read without a lock): an
 // outcome Finish did not write for such a job met a locked row, not a lost lease.
 func StillHeld(ctx context.Context, db DBTX, ids, tokens []int64) (map[int64]bool, error) {
-	rows, err := db.Query(ctx, stillHeldSQL, ids, tokens)
+	rows, err := db.Query(ctx, stillHeldSQL, int8Array(ids), int8Array(tokens))
 	if err != nil {
 		return nil, fmt.Errorf("read leases: %w", err)
 	}
-	held, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-	if err != nil {
-		return nil, fmt.Errorf("read leases: %w", err)
-	}
-	out := make(map[int64]bool, len(held))
-	for _, id := range held {
+	defer rows.Close()
+	out := make(map[int64]bool, len(ids))
+	var id int64 // scanned into for every row: one allocation for the statement, not one per row
+	for rows.Next() {
+		if err := rows.Scan(&id); err != nil {
+			return nil, fmt.Errorf("read leases: %w", err)
+		}
 		out[id] = true
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read leases: %w", err)
 	}
 	return out, nil
 }
