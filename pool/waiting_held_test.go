@@ -23,7 +23,7 @@ func TestTrickleOnConcurrencyOne(t *testing.T) {
 	settle(t, ps)
 	for range 10 {
 		insert(t, db, "noop", nil, nil)
-		b.events.wait(t, 1, time.Second)
+		b.events.wait(t, 1, 15*time.Second) // the poll is a minute away
 		waitPickable(t, db, 1)
 	}
 }
@@ -66,7 +66,7 @@ func TestHandBackReachesAWaitingPool(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
 	go holder.Shutdown(ctx)
-	deadline := time.After(2 * time.Second)
+	deadline := time.After(15 * time.Second) // the poll is a minute away
 	for {
 		select {
 		case ev := <-b.events:
@@ -77,7 +77,7 @@ func TestHandBackReachesAWaitingPool(t *testing.T) {
 			r := getRow(t, db, id)
 			var w string
 			db.QueryRow(context.Background(), `SELECT string_agg(waiter || ' ' || coalesce(woken_at::text, 'null') || ' ' || coalesce(polled_at::text, 'null') || ' exp ' || expires_at::text, '; ') FROM leash.waiters`).Scan(&w)
-			t.Fatalf("the job handed back at shutdown did not complete within 2s: %+v; waiters %s", r, w)
+			t.Fatalf("the job handed back at shutdown did not complete within 15s: %+v; waiters %s", r, w)
 		}
 	}
 }
@@ -96,7 +96,7 @@ func TestRescuedJobReachesAWaitingPool(t *testing.T) {
 		VALUES ('noop', 'running', 1, nextval('leash.lease_tokens'), 'dead', now() - interval '1 second', now())`); err != nil {
 		t.Fatal(err)
 	}
-	b.events.wait(t, 1, 2*time.Second)
+	b.events.wait(t, 1, 15*time.Second) // the poll is a minute away
 }
 
 // A schedule row inserted from SQL, into a pool whose schedule loop has found nothing due for a
@@ -196,7 +196,7 @@ func TestCappedBacklogOfAWaitingPoolDrains(t *testing.T) {
 	ctx := context.Background()
 	cfg := fastConfig()
 	cfg.Concurrency = 4
-	cfg.PollInterval = 3 * time.Second
+	cfg.PollInterval = time.Minute
 	if err := pool.SetQueueMaxRunning(ctx, db, "default", 1); err != nil {
 		t.Fatal(err)
 	}
@@ -204,6 +204,6 @@ func TestCappedBacklogOfAWaitingPoolDrains(t *testing.T) {
 	settle(t, ps)
 	const jobs = 5
 	insertMany(t, db, "default", "noop", jobs)
-	// Back to back, five noop jobs take milliseconds; one per poll, four polls (about 10s).
-	b.events.wait(t, jobs, 2*time.Second)
+	// Back to back, five noop jobs take milliseconds; one per poll, four minutes.
+	b.events.wait(t, jobs, 15*time.Second)
 }

@@ -40,7 +40,8 @@ func TestForgottenLockOnWaitersDelaysLittle(t *testing.T) {
 		return n > 0
 	})
 	insert(t, db, "noop", nil, nil)
-	b.events.wait(t, 1, 5*cfg.PollInterval)
+	// Blocked on the lock, the claim loop would wait out the statement's 10 s timeout.
+	b.events.wait(t, 1, 5*time.Second)
 }
 
 // The same with the forgotten transaction holding only the row of a waiter long gone, which
@@ -74,7 +75,8 @@ func TestForgottenLockOnADeadWaiterDelaysLittle(t *testing.T) {
 	// up to the statement's 10 s timeout, with the claim loop behind it).
 	time.Sleep(2 * cfg.PollInterval)
 	insert(t, db, "noop", nil, nil)
-	b.events.wait(t, 1, 5*cfg.PollInterval)
+	// Blocked on the lock, the claim loop would wait out the statement's 10 s timeout.
+	b.events.wait(t, 1, 5*time.Second)
 }
 
 // A retry backoff that is not a whole number of milliseconds (jitter makes most of them so): the
@@ -97,7 +99,7 @@ func TestRetryWithAFractionalBackoffIsPrompt(t *testing.T) {
 	settle(t, ps)
 	for i := range 40 {
 		insert(t, db, "flaky", nil, nil)
-		deadline := time.After(3 * time.Second)
+		deadline := time.After(15 * time.Second) // the poll is a minute away
 	wait:
 		for {
 			select {
@@ -106,7 +108,7 @@ func TestRetryWithAFractionalBackoffIsPrompt(t *testing.T) {
 					break wait
 				}
 			case <-deadline:
-				t.Fatalf("job %d, retried after 50ms and 1ns, did not complete within 3s", i)
+				t.Fatalf("job %d, retried after 50ms and 1ns, did not complete within 15s", i)
 			}
 		}
 		waitPickable(t, db, 1)
@@ -127,9 +129,9 @@ func TestUrgentJobRightAfterAClaimOfAWaitingPool(t *testing.T) {
 	settle(t, ps)
 	for range 5 {
 		insert(t, db, "noop", nil, nil)
-		b.events.wait(t, 1, 5*time.Second)
+		b.events.wait(t, 1, 15*time.Second)
 		insert(t, db, "noop", nil, &pool.InsertOpts{Priority: -1})
-		b.events.wait(t, 1, time.Second)
+		b.events.wait(t, 1, 15*time.Second) // the poll is a minute away
 		waitPickable(t, db, 1)
 		// Past the time between claims from the front (twenty times their cost), so that the next
 		// plain job is claimed from the front.
@@ -165,7 +167,7 @@ func TestSnoozesOfOneBatchAreEachPrompt(t *testing.T) {
 	if _, err := db.Exec(context.Background(), `INSERT INTO leash.jobs (kind, payload) VALUES ('snooze', '{"MS": 20}'), ('snooze', '{"MS": 300}')`); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.After(3 * time.Second)
+	deadline := time.After(15 * time.Second) // the poll is a minute away
 	for done := 0; done < 2; {
 		select {
 		case ev := <-b.events:
@@ -173,7 +175,7 @@ func TestSnoozesOfOneBatchAreEachPrompt(t *testing.T) {
 				done++
 			}
 		case <-deadline:
-			t.Fatalf("of two jobs snoozed for 20ms and 300ms in one batch, %d completed within 3s", done)
+			t.Fatalf("of two jobs snoozed for 20ms and 300ms in one batch, %d completed within 15s", done)
 		}
 	}
 }
