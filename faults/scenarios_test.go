@@ -150,7 +150,7 @@ func TestRevocationWhileListenerDown(t *testing.T) {
 	d := h.waitUntil("revocations to land", 10*time.Second, func() bool {
 		return h.count(`SELECT count(*) FROM leash.jobs WHERE state = 'cancelled'`) == 5
 	})
-	if d > 2*heartbeat+time.Second {
+	if d > 4*heartbeat+2*time.Second {
 		t.Errorf("revocations took %s with a %s heartbeat", d, heartbeat)
 	}
 	h.check(checkOpts{})

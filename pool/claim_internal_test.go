@@ -183,7 +183,9 @@ func TestHigherPriorityBehindCursorWithinOnePoll(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.Pool(t)
-	const poll = 500 * time.Millisecond
+	// Long enough that half of it covers a loaded machine's claim and start; without the claims
+	// from the front such a job never starts.
+	const poll = 2 * time.Second
 	p, err := New(db, Config{Concurrency: 4, PollInterval: poll, Engine: EngineConfig{WaitAfter: 10 * time.Millisecond}})
 	if err != nil {
 		t.Fatal(err)
@@ -221,7 +223,7 @@ func TestHigherPriorityBehindCursorWithinOnePoll(t *testing.T) {
 			if got != id {
 				t.Fatalf("job %d started, want %d", got, id)
 			}
-		case <-time.After(10 * time.Second):
+		case <-time.After(20 * time.Second):
 			t.Fatal("a job behind the cursor never started")
 		}
 		worst = max(worst, time.Since(inserted))

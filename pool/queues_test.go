@@ -530,7 +530,7 @@ func TestHeldCappedQueueDoesNotDelayOthers(t *testing.T) {
 	// One job per claim round: 200 rounds. Waiting 100ms per round for the held row would take
 	// 20s.
 	insertMany(t, db, "bulk", "bulk", 200)
-	waitFor(t, 10*time.Second, func() bool {
+	waitFor(t, 15*time.Second, func() bool {
 		return count(t, db, `SELECT count(*) FROM leash.jobs WHERE queue = 'bulk' AND state = 'completed'`) == 200
 	})
 	if n := count(t, db, `SELECT count(*) FROM leash.jobs WHERE queue = 'reports' AND attempt > 0`); n != 0 {
@@ -593,8 +593,8 @@ func TestRoleWithoutGrantsCannotStallClaims(t *testing.T) {
 	insertMany(t, db, "capq", "w", 100)
 	insertMany(t, db, "other", "w", 100)
 	// Claims that waited a second per round for the capped queue's old key would run one round
-	// a second.
-	waitFor(t, 10*time.Second, func() bool {
+	// a second: 100 s.
+	waitFor(t, 30*time.Second, func() bool {
 		return count(t, db, `SELECT count(*) FROM leash.jobs WHERE state = 'completed'`) == 200
 	})
 	// Idle now: the worker registers as waiting (so that inserts notify it) although the hint's

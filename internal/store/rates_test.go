@@ -30,9 +30,10 @@ func TestClaimRatedRing(t *testing.T) {
 	t.Parallel()
 	db := pgtest.Pool(t)
 	ctx := context.Background()
-	const period = 400 * time.Millisecond
+	// Long enough for the three claims below to run inside one period on a loaded machine.
+	const period = 2 * time.Second
 	execAll(t, db,
-		`INSERT INTO leash.queues (name, rate_limit, rate_period) VALUES ('rq', 3, interval '400 milliseconds')`,
+		`INSERT INTO leash.queues (name, rate_limit, rate_period) VALUES ('rq', 3, interval '2 seconds')`,
 		`INSERT INTO leash.jobs (queue, kind) SELECT 'rq', 'k' FROM generate_series(1, 10)`)
 	jobs, next := claimRated(t, db, "rq", 2)
 	if len(jobs) != 2 || next != 0 {
@@ -60,7 +61,7 @@ func TestClaimRatedRing(t *testing.T) {
 	var most int
 	if err := db.QueryRow(ctx, `
 		SELECT max((SELECT count(*) FROM leash.jobs b WHERE b.queue = 'rq' AND b.attempted_at >= a.attempted_at
-		              AND b.attempted_at < a.attempted_at + interval '400 milliseconds'))
+		              AND b.attempted_at < a.attempted_at + interval '2 seconds'))
 		FROM leash.jobs a WHERE a.queue = 'rq' AND a.attempted_at IS NOT NULL`).Scan(&most); err != nil {
 		t.Fatal(err)
 	}
