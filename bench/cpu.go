@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime/metrics"
 	"runtime/pprof"
@@ -21,7 +22,39 @@ import (
 var (
 	flagCPUProfile = flag.String("cpuprofile", "", "cpu scenario: write a CPU profile of each leash burn-down to this file, suffixed with the run's number")
 	flagMemProfile = flag.String("memprofile", "", "cpu scenario: write an allocation profile after each leash burn-down to this file, suffixed with the run's number")
+	flagPerf       = flag.String("perf", "", "cpu scenario: record every burn-down machine-wide with `perf record -a -g` (PostgreSQL's processes included) into this file, suffixed with the system and the run's number")
 )
+
+// perfRecording is a machine-wide perf record running beside one burn-down.
+type perfRecording struct{ cmd *exec.Cmd }
+
+// startPerf starts perf record into -perf's file for the system's run; nil without -perf.
+func startPerf(system string, run int) *perfRecording {
+	if *flagPerf == "" {
+		return nil
+	}
+	out := fmt.Sprintf("%s.%s.%d", *flagPerf, strings.ReplaceAll(system, " ", "-"), run)
+	cmd := exec.Command("perf", "record", "-a", "-g", "-F", "499", "-q", "-o", out)
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		fail(fmt.Errorf("perf record: %w", err))
+	}
+	time.Sleep(500 * time.Millisecond) // perf opens its events on every CPU before it samples
+	return &perfRecording{cmd: cmd}
+}
+
+// stop ends the recording (perf writes its file on SIGINT) and waits for it.
+func (r *perfRecording) stop() {
+	if r == nil {
+		return
+	}
+	if err := r.cmd.Process.Signal(os.Interrupt); err != nil {
+		fail(fmt.Errorf("perf record: %w", err))
+	}
+	if err := r.cmd.Wait(); err != nil {
+		logf("  perf record: %v", err)
+	}
+}
 
 // cost is what one burn-down cost: the wall time, this process's CPU (the workers: claim loop,
 // handlers, finisher, keeper, the pgx client), its heap allocations, and the CPU of every
@@ -165,7 +198,7 @@ func (b *bench) cpuPerJob(ctx context.Context) {
 		run  func(run int) cost
 	}
 	all := []series{
-		{minimal, func(int) cost { return b.minimalCost(ctx, n) }},
+		{minimal, func(run int) cost { return b.minimalCost(ctx, n, run) }},
 		{"leash", func(run int) cost { return b.leashCost(ctx, n, run) }},
 	}
 	costs := make([][]cost, len(all))
@@ -213,7 +246,7 @@ func perJob(d time.Duration, n int) float64 {
 }
 
 // minimalCost is minimalQueue, measured.
-func (b *bench) minimalCost(ctx context.Context, n int) cost {
+func (b *bench) minimalCost(ctx context.Context, n, run int) cost {
 	db := open(ctx, b.freshDB(ctx), 4)
 	defer db.Close()
 	for _, q := range []string{minimalSchemaSQL, `INSERT INTO minq.jobs (kind) SELECT 'noop' FROM generate_series(1, $1)`, `VACUUM ANALYZE minq.jobs`} {
@@ -225,9 +258,12 @@ func (b *bench) minimalCost(ctx context.Context, n int) cost {
 			fail(fmt.Errorf("minimal queue: %w", err))
 		}
 	}
+	rec := startPerf(minimal, run)
 	m := startCost(ctx, db)
 	minimalDrain(ctx, db, n, 2)
-	return m.stop()
+	c := m.stop()
+	rec.stop()
+	return c
 }
 
 // leashCost is leashBurn at 100 slots, measured (and profiled with -cpuprofile, -memprofile).
@@ -248,10 +284,12 @@ func (b *bench) leashCost(ctx context.Context, n, run int) cost {
 		}
 		defer pprof.StopCPUProfile()
 	}
+	rec := startPerf("leash", run)
 	m := startCost(ctx, db)
 	go p.Run(ctx)
 	<-cnt.done
 	c := m.stop()
+	rec.stop()
 	p.Shutdown(context.Background())
 	if *flagMemProfile != "" {
 		f, err := os.Create(fmt.Sprintf("%s.%d", *flagMemProfile, run))

@@ -235,5 +235,5 @@ func ensureAndClaim(ctx context.Context, db store.DBTX, p store.ClaimParams) ([]
 	if err := store.EnsureQueues(ctx, db, p.Queues); err != nil {
 		return nil, err
 	}
-	return store.Claim(ctx, db, p)
+	return store.Claim(ctx, db.(store.Batcher), p) // a pool, a connection or a transaction
 }

@@ -88,8 +88,10 @@ func TestClaimAndFinishAllocationsPerRow(t *testing.T) {
 	if heldAllocs > 1.5 {
 		t.Errorf("the still-held check allocates %.2f times per row; want at most 1.5 (the ids read back, the map, the statement's share)", heldAllocs)
 	}
-	if claimAllocs > 1.5 {
-		t.Errorf("a claim allocates %.2f times per row; want at most 1.5 (the payload, and the statement's share)", claimAllocs)
+	// The statement's share: a claim is a pipeline of two statements (its plan settings, then
+	// the claim), about 50 allocations for the claim of 100 rows.
+	if claimAllocs > 1.6 {
+		t.Errorf("a claim allocates %.2f times per row; want at most 1.6 (the payload, and the statement's share)", claimAllocs)
 	}
 	if finishAllocs > 1 {
 		t.Errorf("an outcome batch allocates %.2f times per row; want at most 1 (the statement's share)", finishAllocs)

@@ -16,8 +16,12 @@ var (
 	SplitStatements = splitStatements
 )
 
-// ClaimQuery is the statement and arguments Claim sends, for tests that EXPLAIN it.
-var ClaimQuery = claimQuery
+// ClaimQuery is the statement and arguments Claim sends, for tests that EXPLAIN it, and
+// ClaimPlanSQL the plan settings Claim sends before it.
+var (
+	ClaimQuery   = claimQuery
+	ClaimPlanSQL = claimPlanSQL
+)
 
 // TextArray and Int8Array are the arrays an outcome batch sends, for tests that send them in
 // every exec mode.
