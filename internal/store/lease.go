@@ -118,11 +118,16 @@ const MaxTraceContextBytes = 4096
 const claimTraceContextBytes = 2 * MaxTraceContextBytes
 
 // claimTail leases the picked rows and returns them. It finds each row by the ctid the pick
-// locked (a TID scan, the cheapest plan whatever the statistics say), not by a join on id: a
-// generic plan made while leash.jobs was empty or never analyzed joins on id by hashing a
-// sequential scan of the whole table, and with an old snapshot keeping every dead row that scan
-// grows with every job claimed until the next ANALYZE (8 ms for 100 jobs with 20,000 rows in the
-// table, measured, and more with every claim).
+// locked (a TID scan), not by a join on id: a generic plan made while leash.jobs was empty or
+// never analyzed joins on id by hashing a sequential scan of the whole table, and with an old
+// snapshot keeping every dead row that scan grows with every job claimed until the next ANALYZE
+// (8 ms for 100 jobs with 20,000 rows in the table, measured, and more with every claim). The
+// ctids and ids are arrays, not a join with the picked rows: a join lets a plan made on an empty
+// or one-page table walk the whole of jobs_pkey (or scan the table) for the rows, which as a
+// cached generic plan cost seconds a claim once the table had grown; with arrays and no
+// sequential scan (claimPlanSQL) the only paths are the TID scan and, on a table that looks
+// empty, one primary-key probe per id. A row's ctid names one of its versions, so a row is
+// leased only at the version the pick locked.
 // A row another transaction updated between the statement's snapshot and the pick's lock is
 // locked but not leased, and stays in the queue for the next claim.
 // A picked row that cannot be leased (its attempt counter has no room for one more claim, see
@@ -142,8 +147,7 @@ const claimTail = `
 	    last_error = CASE WHEN ` + claimableSQL + ` THEN j.last_error ELSE ` + setAsideErrorSQL + ` END,
 	    errors = CASE WHEN ` + claimableSQL + ` THEN j.errors ELSE ` + errorsHistorySQL + ` || jsonb_build_array(
 	        jsonb_build_object('at', now(), 'attempt', j.attempt, 'error', ` + setAsideErrorSQL + `)) END
-	FROM picked
-	WHERE j.ctid = picked.ctid AND j.id = picked.id
+	WHERE j.ctid = ANY (ARRAY(SELECT picked.ctid FROM picked)) AND j.id = ANY (ARRAY(SELECT picked.id FROM picked))
 	RETURNING ` + claimReturning
 
 // claimReturning is what a claim returns of each row (%d: claimTraceContextBytes); a row set
@@ -332,7 +336,7 @@ func ClaimCapped(ctx context.Context, db Batcher, p ClaimParams) ([]ClaimedJob, 
 	}
 	locked := tag.RowsAffected() > 0
 	if _, err := br.Exec(); err != nil {
-		return nil, fmt.Errorf("claim jobs of capped queue %q: plan settings: %w", q, err)
+		return nil, fmt.Errorf("claim jobs of capped queue %q: %w", q, err)
 	}
 	rows, err := br.Query()
 	if err != nil {
@@ -393,7 +397,9 @@ func Claim(ctx context.Context, db Batcher, p ClaimParams) ([]ClaimedJob, error)
 	br := db.SendBatch(ctx, b)
 	defer br.Close()
 	if _, err := br.Exec(); err != nil {
-		return nil, fmt.Errorf("claim jobs: plan settings: %w", err)
+		// pgx reports here what failed before the claim returned anything: preparing it, the
+		// connection, the context.
+		return nil, fmt.Errorf("claim jobs: %w", err)
 	}
 	rows, err := br.Query()
 	if err != nil {
@@ -419,7 +425,11 @@ func Claim(ctx context.Context, db Batcher, p ClaimParams) ([]ClaimedJob, error)
 // in a burn-down 373 plans for 485 claims, a third of the claims' server time). For the
 // generic plan to be the custom plan's, the rows are leased through a nested loop: reckoned
 // for that tenth, a hash join of a sequential scan of leash.jobs looks cheaper than a probe
-// per row, and would read the whole table at every claim (44 ms for 100 of 50,000 rows).
+// per row, and would read the whole table at every claim (44 ms for 100 of 50,000 rows). And
+// no sequential scan of leash.jobs: a plan made while the table was empty or a page long (an
+// idle night after retention, vacuumed and analyzed) scanned it for the picked rows and once
+// per picked row for the lease, and, cached, took 4 s for each claim of 100 once 200,000 rows
+// had come (the TID scan: 3 ms).
 // The paths that plan needs (nested loops, index and TID scans) are on whatever a role or
 // database turned off. JIT is off for the claim: a generic plan's cost can pass
 // jit_above_cost, and compiling would cost more than the claim. All are set for the
@@ -427,7 +437,7 @@ func Claim(ctx context.Context, db Batcher, p ClaimParams) ([]ClaimedJob, error)
 // them whenever it is made again.
 const claimPlanSQL = `SELECT pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true),
 	pg_catalog.set_config('enable_hashjoin', 'off', true), pg_catalog.set_config('enable_mergejoin', 'off', true),
-	pg_catalog.set_config('enable_nestloop', 'on', true), pg_catalog.set_config('enable_indexscan', 'on', true),
+	pg_catalog.set_config('enable_seqscan', 'off', true), pg_catalog.set_config('enable_nestloop', 'on', true), pg_catalog.set_config('enable_indexscan', 'on', true),
 	pg_catalog.set_config('enable_tidscan', 'on', true), pg_catalog.set_config('jit', 'off', true)`
 
 func claimQuery(p ClaimParams) (string, []any) {
@@ -540,7 +550,7 @@ func FinishAndClaim(ctx context.Context, db Batcher, outs []Outcome, p ClaimPara
 		return nil, nil, err
 	}
 	if _, err := br.Exec(); err != nil {
-		return nil, nil, fmt.Errorf("claim jobs: plan settings: %w", err)
+		return nil, nil, fmt.Errorf("claim jobs: %w", err)
 	}
 	rows, err = br.Query()
 	if err != nil {
