@@ -387,8 +387,9 @@ func EnsureQueues(ctx context.Context, db DBTX, names []string) error {
 	return first
 }
 
-// Claim leases up to p.Limit runnable jobs in one statement, in priority, run_at, id order,
-// skipping rows other workers hold locked.
+// Claim leases up to p.Limit runnable jobs in one statement (after claimPlanSQL, in the same
+// round trip and transaction), in priority, run_at, id order, skipping rows other workers hold
+// locked.
 func Claim(ctx context.Context, db Batcher, p ClaimParams) ([]ClaimedJob, error) {
 	q, args := claimQuery(p)
 	b := &pgx.Batch{}
@@ -419,26 +420,23 @@ func Claim(ctx context.Context, db Batcher, p ClaimParams) ([]ClaimedJob, error)
 // one Sync, or an explicit transaction): the claim then runs the generic plan its prepared
 // statement keeps, planned once per connection (and again when leash.jobs' statistics change),
 // rather than a custom plan made anew at every claim. Under PostgreSQL's default
-// plan_cache_mode a claim is planned at every execution: its generic plan counts LIMIT $2 as a
+// plan_cache_mode a claim was planned at every execution: its generic plan counts LIMIT $2 as a
 // tenth of the queued rows, so it always looks dearer than a custom plan for 100, and planning
-// the claim's three ranges took as long as running them (3.5 ms and 3.7 ms for 100 jobs;
-// in a burn-down 373 plans for 485 claims, a third of the claims' server time). For the
-// generic plan to be the custom plan's, the rows are leased through a nested loop: reckoned
-// for that tenth, a hash join of a sequential scan of leash.jobs looks cheaper than a probe
-// per row, and would read the whole table at every claim (44 ms for 100 of 50,000 rows). And
-// no sequential scan of leash.jobs: a plan made while the table was empty or a page long (an
-// idle night after retention, vacuumed and analyzed) scanned it for the picked rows and once
-// per picked row for the lease, and, cached, took 4 s for each claim of 100 once 200,000 rows
-// had come (the TID scan: 3 ms).
-// The paths that plan needs (nested loops, index and TID scans) are on whatever a role or
-// database turned off. JIT is off for the claim: a generic plan's cost can pass
-// jit_above_cost, and compiling would cost more than the claim. All are set for the
-// transaction only, whatever the session, role or database set, and the plan is made under
-// them whenever it is made again.
+// the claim's three ranges took as long as running them (3.5 ms and 3.7 ms for 100 jobs; in a
+// burn-down 373 plans for 485 claims). Reckoned for that tenth, a generic plan would rather
+// hash or scan leash.jobs than probe it once per row (44 ms for 100 of 50,000 rows), and one
+// made while the table was empty or a page long (an idle night after retention) scanned it for
+// every claim once cached (4 s a claim of 100 once 200,000 rows had come; 3 ms by TID). So hash
+// and merge joins and sequential scans are off, and the paths the claims need (index and TID
+// scans, the nested loop of the several-queue claim) on, whatever a role or database set; see
+// claimTail. JIT is off: a generic plan's cost can pass jit_above_cost, and compiling would cost
+// more than the claim. All hold for the claim's transaction only, and a plan made again is made
+// under them.
 const claimPlanSQL = `SELECT pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true),
 	pg_catalog.set_config('enable_hashjoin', 'off', true), pg_catalog.set_config('enable_mergejoin', 'off', true),
-	pg_catalog.set_config('enable_seqscan', 'off', true), pg_catalog.set_config('enable_nestloop', 'on', true), pg_catalog.set_config('enable_indexscan', 'on', true),
-	pg_catalog.set_config('enable_tidscan', 'on', true), pg_catalog.set_config('jit', 'off', true)`
+	pg_catalog.set_config('enable_seqscan', 'off', true), pg_catalog.set_config('enable_nestloop', 'on', true),
+	pg_catalog.set_config('enable_indexscan', 'on', true), pg_catalog.set_config('enable_tidscan', 'on', true),
+	pg_catalog.set_config('jit', 'off', true)`
 
 func claimQuery(p ClaimParams) (string, []any) {
 	var queues any = p.Queues
