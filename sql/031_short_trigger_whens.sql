@@ -3,34 +3,42 @@
 -- PostgreSQL reads a trigger's WHEN from the catalog's node text, and plans it, once for every
 -- statement that fires the trigger: a claim or an outcome batch of 100 jobs read the 20 kB of
 -- node text of the nine triggers on UPDATE OF state, as much per statement as a quarter of what
--- the rows themselves cost to write. Each WHEN now keeps only what excludes the writes that need
+-- the rows themselves cost to write. Each WHEN now keeps what excludes the writes that need
 -- nothing (claims, outcomes and releases of jobs without a key or a workflow; a keyed job's
--- claim; a workflow job's claim and release), with lists as one array constant, and about half as
--- much text is read per statement. What the longer WHEN tested besides is tested first thing by
--- the function, for the few rows that now call it to no effect:
+-- claim; a workflow job's claim, release, cancellation and restoration), with lists as one array
+-- constant, and about half as much text is read per statement. What the longer WHEN tested
+-- besides is tested first thing by the function, for the rows that now call it to no effect:
 --  - jobs_revoked_stays_stopped: any revoked row (revoke_queued acts only on the states the
---    WHEN named: it has always tested them itself);
---  - jobs_workflow_completing: a workflow job written completed, failed or cancelled;
---  - jobs_workflow_finished: a workflow job not written completed whose state enters or leaves
---    the finished ones (a may_fail job failing or cancelled returns at once, before it bounds
---    the transaction's lock waits);
---  - jobs_workflow_retried: a workflow job leaving failed or cancelled;
---  - jobs_unkeyed_requeued: a job without a key written available or retryable (one whose state
---    did not change returns at once);
---  - jobs_key_changed: a keyed job, but for its claim (a change of none of the columns named
---    returns at once).
--- jobs_workflow_pending keeps its test whole, with its list as a constant.
+--    WHEN named: it has always tested them itself): a revoked running job that finishes, a
+--    revocation written again;
+--  - jobs_workflow_completing: a job already finished written completed again (or, may_fail,
+--    failed or cancelled again);
+--  - jobs_workflow_finished: a may_fail job failing or cancelled (it returns at once, before it
+--    bounds the transaction's lock waits);
+--  - jobs_unkeyed_requeued: a job without a key written available or retryable while it was;
+--  - jobs_key_changed: a keyed job written by a statement that names one of its columns and
+--    changes none (a release that leaves a keyed job pending, a fenced progress write of a keyed
+--    running job, a revocation written again).
+-- jobs_workflow_retried and jobs_workflow_pending keep their tests whole, with lists as constants.
+-- A trigger an operator disabled (or enabled for replicas only, or always) stays so: CREATE OR
+-- REPLACE TRIGGER would enable it.
 --
 -- Safe to apply while workers of earlier releases run: one transaction that replaces functions
 -- and the triggers of leash.jobs (a catalog change under a brief lock of leash.jobs and of
 -- nothing else, as 030), and every row gets the triggers' effect it had before: each function
 -- does nothing for a row the WHEN it replaces skipped.
 
+-- Each trigger's enabled state before it is replaced, for this transaction (no temporary table:
+-- the migrating role may not have the right to create one).
+SELECT pg_catalog.set_config('leash.triggers_enabled_031', coalesce(pg_catalog.jsonb_object_agg(t.tgname, t.tgenabled)::text, '{}'), true)
+FROM pg_catalog.pg_trigger t
+WHERE t.tgrelid = 'leash.jobs'::regclass AND t.tgname IN ('jobs_workflow_completing', 'jobs_workflow_finished',
+    'jobs_workflow_retried', 'jobs_workflow_pending', 'jobs_revoked_stays_stopped', 'jobs_unkeyed_requeued', 'jobs_key_changed');
+
 CREATE OR REPLACE FUNCTION leash.workflow_job_completing() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    IF OLD.state IN ('completed', 'failed', 'cancelled')
-       OR NOT (NEW.state = 'completed' OR (coalesce(NEW.may_fail, false) AND NEW.state IN ('failed', 'cancelled'))) THEN
+    IF OLD.state IN ('completed', 'failed', 'cancelled') THEN
         RETURN NEW;
     END IF;
     INSERT INTO leash.workflow_completed (job_id, workflow_id, step) VALUES (NEW.id, NEW.workflow_id, NEW.step);
@@ -42,7 +50,8 @@ $$;
 CREATE OR REPLACE TRIGGER jobs_workflow_completing
     BEFORE UPDATE OF state, revoked_at ON leash.jobs
     FOR EACH ROW
-    WHEN (NEW.workflow_id IS NOT NULL AND NEW.state OPERATOR(pg_catalog.=) ANY ('{completed,failed,cancelled}'::text[]))
+    WHEN (NEW.workflow_id IS NOT NULL AND NEW.state OPERATOR(pg_catalog.=) ANY ('{completed,failed,cancelled}'::text[])
+          AND (NEW.state OPERATOR(pg_catalog.=) 'completed' OR NEW.may_fail))
     EXECUTE FUNCTION leash.workflow_job_completing();
 
 -- As in 021, and: a job that may fail, failed or cancelled, is not one of its cases (its
@@ -120,54 +129,11 @@ CREATE OR REPLACE TRIGGER jobs_workflow_finished
               OPERATOR(pg_catalog.<>) (NEW.state OPERATOR(pg_catalog.=) ANY ('{completed,failed,cancelled}'::text[])))
     EXECUTE FUNCTION leash.workflow_job_finished();
 
--- As in 020, and: a job that is not put back in the queue returns at once.
-CREATE OR REPLACE FUNCTION leash.workflow_job_retried() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-    SET plan_cache_mode = force_custom_plan SET enable_seqscan = off AS $$
-DECLARE
-    bad  record;
-    gone text;
-    n    integer;
-BEGIN
-    IF NEW.state NOT IN ('available', 'retryable') OR NEW.depends_on IS NULL OR cardinality(NEW.depends_on) = 0 THEN
-        RETURN NEW;
-    END IF;
-    SELECT s.step INTO gone FROM unnest(NEW.depends_on) s(step)
-    WHERE NOT EXISTS (SELECT FROM leash.jobs d WHERE d.workflow_id = NEW.workflow_id AND d.step = s.step)
-    LIMIT 1;
-    IF FOUND THEN
-        -- Deleted (by hand, or by a retention that ran once the whole workflow had finished):
-        -- nothing can tell whether it completed, and nothing would ever release this job.
-        RAISE EXCEPTION 'job % cannot run again: its dependency % no longer exists', NEW.id, left(gone, 200)
-            USING ERRCODE = 'foreign_key_violation';
-    END IF;
-    PERFORM FROM unnest(NEW.depends_on) s(step) JOIN leash.jobs d ON d.workflow_id = NEW.workflow_id AND d.step = s.step
-    WHERE d.state NOT IN ('completed', 'failed', 'cancelled')
-    ORDER BY d.id
-    FOR KEY SHARE OF d;
-    SELECT d.step, d.id, d.state INTO bad FROM unnest(NEW.depends_on) s(step)
-    JOIN leash.jobs d ON d.workflow_id = NEW.workflow_id AND d.step = s.step
-    WHERE d.state IN ('failed', 'cancelled') AND NOT coalesce(d.may_fail, false)
-    LIMIT 1;
-    IF FOUND THEN
-        RAISE EXCEPTION 'job % cannot run again: its dependency % (job %) is %: retry that one first',
-            NEW.id, left(bad.step, 200), bad.id, bad.state USING ERRCODE = 'check_violation';
-    END IF;
-    SELECT count(*) INTO n FROM (SELECT DISTINCT x FROM unnest(NEW.depends_on) x) s
-    WHERE NOT EXISTS (SELECT FROM leash.jobs d WHERE d.workflow_id = NEW.workflow_id AND d.step = s.x
-                        AND (d.state = 'completed' OR (d.state IN ('failed', 'cancelled') AND coalesce(d.may_fail, false))));
-    NEW.unmet := n;
-    IF n > 0 THEN
-        NEW.state := 'pending';
-    END IF;
-    RETURN NEW;
-END;
-$$;
-
 CREATE OR REPLACE TRIGGER jobs_workflow_retried
     BEFORE UPDATE OF state ON leash.jobs
     FOR EACH ROW
-    WHEN (NEW.workflow_id IS NOT NULL AND OLD.state OPERATOR(pg_catalog.=) ANY ('{failed,cancelled}'::text[]))
+    WHEN (NEW.workflow_id IS NOT NULL AND OLD.state OPERATOR(pg_catalog.=) ANY ('{failed,cancelled}'::text[])
+          AND NEW.state OPERATOR(pg_catalog.=) ANY ('{available,retryable}'::text[]))
     EXECUTE FUNCTION leash.workflow_job_retried();
 
 CREATE OR REPLACE TRIGGER jobs_workflow_pending
@@ -248,3 +214,16 @@ CREATE OR REPLACE TRIGGER jobs_key_changed
                  AND OLD.queue OPERATOR(pg_catalog.=) NEW.queue
                  AND OLD.concurrency_key IS NOT DISTINCT FROM NEW.concurrency_key))
     EXECUTE FUNCTION leash.wake_concurrency_keys();
+
+-- Each replaced trigger as the operator had it.
+DO $$
+DECLARE
+    r record;
+BEGIN
+    FOR r IN SELECT e.key AS tgname, e.value AS tgenabled
+             FROM jsonb_each_text(current_setting('leash.triggers_enabled_031')::jsonb) e WHERE e.value <> 'O' LOOP
+        EXECUTE format('ALTER TABLE leash.jobs %s TRIGGER %I',
+            CASE r.tgenabled WHEN 'D' THEN 'DISABLE' WHEN 'R' THEN 'ENABLE REPLICA' ELSE 'ENABLE ALWAYS' END, r.tgname);
+    END LOOP;
+END;
+$$;
