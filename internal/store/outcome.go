@@ -128,6 +128,14 @@ func lockNotAvailable(err error) bool {
 
 func finishQuery(outs []Outcome) (string, []any, error) {
 	n := len(outs)
+	if allCompletions(outs) {
+		ids, tokens, outputs := make([]int64, n), make([]int64, n), make([]*string, n)
+		for i := range outs {
+			ids[i], tokens[i] = outs[i].ID, outs[i].Token
+			outputs[i] = cleanOutput(outs[i].Output)
+		}
+		return completeSQL, []any{int8Array(ids), int8Array(tokens), outputs}, nil
+	}
 	ids, tokens, states := make([]int64, n), make([]int64, n), make([]string, n)
 	delays, giveBack := make([]int64, n), make([]bool, n)
 	errs, revokes, outputs := make([]*string, n), make([]*string, n), make([]*string, n)
@@ -142,16 +150,35 @@ func finishQuery(outs []Outcome) (string, []any, error) {
 			r := clean.Text(*o.Revoke, MaxReasonBytes)
 			revokes[i] = &r
 		}
-		if o.Output != nil {
-			b, err := CleanJSON(o.Output)
-			if err != nil {
-				b = invalidOutput(err)
-			}
-			out := string(b)
-			outputs[i] = &out
-		}
+		outputs[i] = cleanOutput(o.Output)
 	}
 	return finishSQL, []any{int8Array(ids), int8Array(tokens), textArray(states), int8Array(delays), giveBack, errs, revokes, outputs}, nil
+}
+
+// allCompletions reports whether every outcome of outs completes its job and does nothing else
+// (no error, no revocation, no attempt given back): what almost every batch is.
+func allCompletions(outs []Outcome) bool {
+	for i := range outs {
+		o := &outs[i]
+		if o.State != StateCompleted || o.ReturnAttempt || o.Error != nil || o.Revoke != nil {
+			return false
+		}
+	}
+	return true
+}
+
+// cleanOutput is the text of an outcome's output as written: nil for none, a note of why for
+// JSON that is not valid.
+func cleanOutput(output []byte) *string {
+	if output == nil {
+		return nil
+	}
+	b, err := CleanJSON(output)
+	if err != nil {
+		b = invalidOutput(err)
+	}
+	out := string(b)
+	return &out
 }
 
 // int8Array and textArray are slices sent as bigint[] and text[] parameters whose elements pgx
@@ -286,6 +313,33 @@ const finishSQL = `
 		    revoked_at = CASE WHEN u.revoke IS NOT NULL THEN coalesce(j.revoked_at, now()) ELSE j.revoked_at END,
 		    revoke_reason = CASE WHEN u.revoke IS NOT NULL AND j.revoked_at IS NULL THEN u.revoke ELSE j.revoke_reason END,
 		    output = CASE WHEN u.give_back AND u.output IS NULL THEN j.output ELSE u.output END,
+		    lease_token = NULL, leased_by = NULL, lease_expires_at = NULL
+		FROM u
+		WHERE j.id = u.id
+		RETURNING j.id, j.state,
+		    CASE WHEN j.state IN ('available', 'retryable') AND j.run_at <= now() THEN leash.notify_available(j.queue) END,
+		    j.workflow_id IS NOT NULL AND j.state IN ('completed', 'failed', 'cancelled')`
+
+// completeSQL is finishSQL for a batch of completions alone (allCompletions): the same fence,
+// locks, lock wait and rows returned, with the columns a completion leaves as they are left out
+// of its SET list and its three arrays in place of eight. Every trigger on the columns it sets
+// fires as for finishSQL; the one on revoked_at alone does not, and its WHEN is false for a job
+// that is not running. What it saves is per statement (a smaller plan, fewer triggers' WHENs
+// read) and per row (three arrays unnested, seven columns assigned, not thirteen).
+const completeSQL = `
+		WITH bounded AS (
+			SELECT pg_catalog.set_config('leash.outcome_lock_wait', '` + outcomeLockWait + `', true) AS v
+		), u AS (
+			SELECT j.id, i.output
+			FROM leash.jobs j
+			JOIN unnest($1::bigint[], $2::bigint[], $3::jsonb[]) AS i(id, token, output)
+				ON j.id = i.id AND j.lease_token = i.token
+			WHERE (SELECT v FROM bounded) IS NOT NULL
+			ORDER BY j.id
+			FOR NO KEY UPDATE OF j SKIP LOCKED
+		)
+		UPDATE leash.jobs j
+		SET state = 'completed', finished_at = now(), output = u.output,
 		    lease_token = NULL, leased_by = NULL, lease_expires_at = NULL
 		FROM u
 		WHERE j.id = u.id

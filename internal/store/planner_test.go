@@ -27,6 +27,7 @@ func TestPlansFollowTableGrowth(t *testing.T) {
 	conn, explainStmt := genericPlanConn(t, db) // autovacuum would analyze the table behind the test's back
 	for _, q := range []string{
 		"PREPARE fin(bigint[], bigint[], text[], bigint[], boolean[], jsonb[], text[], jsonb[]) AS " + store.FinishSQL,
+		"PREPARE com(bigint[], bigint[], jsonb[]) AS " + store.CompleteSQL,
 		"PREPARE ren(bigint[], bigint[], bigint) AS " + store.RenewSQL,
 	} {
 		if _, err := conn.Exec(ctx, q); err != nil {
@@ -37,6 +38,7 @@ func TestPlansFollowTableGrowth(t *testing.T) {
 		t.Helper()
 		return explainStmt(map[string]string{
 			"fin": "EXECUTE fin('{1,2}', '{1,2}', '{completed,completed}', '{0,0}', '{f,f}', '{NULL,NULL}', '{NULL,NULL}', '{NULL,NULL}')",
+			"com": "EXECUTE com('{1,2}', '{1,2}', '{NULL,NULL}')",
 			"ren": "EXECUTE ren('{1,2}', '{1,2}', 1000)",
 		}[stmt])
 	}
@@ -50,6 +52,7 @@ func TestPlansFollowTableGrowth(t *testing.T) {
 		t.Fatalf("a role never granted EXECUTE called leash.refresh_jobs_stats(): %v", err)
 	}
 	explain("fin") // the generic plan is made now, on the empty table
+	explain("com")
 	explain("ren")
 	grow := func(rows int) {
 		t.Helper()
@@ -59,6 +62,9 @@ func TestPlansFollowTableGrowth(t *testing.T) {
 	}
 	grow(20000) // about 330 pages
 	if plan := explain("fin"); !strings.Contains(plan, "Seq Scan on jobs") {
+		t.Fatalf("the outcome batch's plan made on an empty table no longer scans it: this test shows nothing\n%s", plan)
+	}
+	if plan := explain("com"); !strings.Contains(plan, "Seq Scan on jobs") {
 		t.Fatalf("the outcome batch's plan made on an empty table no longer scans it: this test shows nothing\n%s", plan)
 	}
 
@@ -76,7 +82,7 @@ func TestPlansFollowTableGrowth(t *testing.T) {
 	if !refresh() {
 		t.Fatal("a table of 330 pages never analyzed was not analyzed")
 	}
-	for _, stmt := range []string{"fin", "ren"} {
+	for _, stmt := range []string{"fin", "com", "ren"} {
 		if plan := explain(stmt); strings.Contains(plan, "Seq Scan on jobs") {
 			t.Fatalf("%s: generic plan after the refresh still scans the table:\n%s", stmt, plan)
 		}

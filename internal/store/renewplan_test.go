@@ -75,6 +75,7 @@ func TestRenewAndFinishPlansAreLinearInLeases(t *testing.T) {
 			for _, q := range []string{
 				"PREPARE ren(bigint[], bigint[], bigint) AS " + store.RenewSQL,
 				"PREPARE fin(bigint[], bigint[], text[], bigint[], boolean[], jsonb[], text[], jsonb[]) AS " + store.FinishSQL,
+				"PREPARE com(bigint[], bigint[], jsonb[]) AS " + store.CompleteSQL,
 				"PREPARE held(bigint[], bigint[]) AS " + store.StillHeldSQL,
 			} {
 				if _, err := conn.Exec(ctx, q); err != nil {
@@ -88,6 +89,7 @@ func TestRenewAndFinishPlansAreLinearInLeases(t *testing.T) {
 				{"renewal", "EXECUTE ren(" + array(ids) + ", " + array(tokens) + ", 60000)", true},
 				{"outcome batch", "EXECUTE fin(" + array(ids) + ", " + array(tokens) + ", " + same("completed") + ", " + same("0") + ", " +
 					same("f") + ", " + same("NULL") + ", " + same("NULL") + ", " + same("NULL") + ")", true},
+				{"completion batch", "EXECUTE com(" + array(ids) + ", " + array(tokens) + ", " + same("NULL") + ")", true},
 				{"lease read", "EXECUTE held(" + array(ids) + ", " + array(tokens) + ")", false},
 			} {
 				name := s.name
