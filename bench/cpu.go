@@ -198,7 +198,8 @@ func (b *bench) cpuPerJob(ctx context.Context) {
 		run  func(run int) cost
 	}
 	all := []series{
-		{minimal, func(run int) cost { return b.minimalCost(ctx, n, run) }},
+		{minimal, func(run int) cost { return b.minimalCost(ctx, n, run, false) }},
+		{minimalConcurrent, func(run int) cost { return b.minimalCost(ctx, n, run, true) }},
 		{"leash", func(run int) cost { return b.leashCost(ctx, n, run) }},
 	}
 	costs := make([][]cost, len(all))
@@ -221,8 +222,12 @@ func (b *bench) cpuPerJob(ctx context.Context) {
 			server = append(server, perJob(c.server, n))
 		}
 		var base []string
-		if s.name != minimal {
+		switch s.name {
+		case minimal:
+		case minimalConcurrent:
 			base = []string{minimal}
+		default:
+			base = []string{minimal, minimalConcurrent}
 		}
 		add := func(metric string, v []float64, unit string, higherBetter bool) {
 			b.add(row{scenario: scenario, system: s.name, metric: metric, value: median(v), unit: unit,
@@ -245,22 +250,21 @@ func perJob(d time.Duration, n int) float64 {
 	return float64(d.Microseconds()) / float64(n)
 }
 
-// minimalCost is minimalQueue, measured.
-func (b *bench) minimalCost(ctx context.Context, n, run int) cost {
-	db := open(ctx, b.freshDB(ctx), 4)
+// minimalCost is minimalQueue (concurrent: minimalQueueConcurrent), measured.
+func (b *bench) minimalCost(ctx context.Context, n, run int, concurrent bool) cost {
+	db := b.minimalDB(ctx, n)
 	defer db.Close()
-	for _, q := range []string{minimalSchemaSQL, `INSERT INTO minq.jobs (kind) SELECT 'noop' FROM generate_series(1, $1)`, `VACUUM ANALYZE minq.jobs`} {
-		var args []any
-		if strings.Contains(q, "$1") {
-			args = []any{n}
-		}
-		if _, err := db.Exec(ctx, q, args...); err != nil {
-			fail(fmt.Errorf("minimal queue: %w", err))
-		}
+	system := minimal
+	if concurrent {
+		system = minimalConcurrent
 	}
-	rec := startPerf(minimal, run)
+	rec := startPerf(system, run)
 	m := startCost(ctx, db)
-	minimalDrain(ctx, db, n, 2)
+	if concurrent {
+		minimalConcurrentDrain(ctx, db, n, 2, 100)
+	} else {
+		minimalDrain(ctx, db, n, 2)
+	}
 	c := m.stop()
 	rec.stop()
 	return c

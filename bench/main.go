@@ -28,7 +28,7 @@ import (
 
 var (
 	flagJobs  = flag.Int("jobs", 50000, "jobs in each burn-down")
-	flagOnly  = flag.String("only", "", "comma-separated scenarios to run (burn,burn2000,capped,keys,rate,producers,steady,pickup,revoke,heartbeat,scale,memory,ablation,fleet,workflow (wfchain, wffanout: its parts); sustained, cpu and indexes run only when named)")
+	flagOnly  = flag.String("only", "", "comma-separated scenarios to run (burn,burn2000,capped,keys,rate,producers,steady,pickup,revoke,heartbeat,scale,memory,ablation,fleet,workflow (wfchain, wffanout: its parts); sustained, cpu, indexes and statements run only when named)")
 	flagFsync = flag.Bool("fsync", true, "run the private cluster with durable commits (fsync on), as production databases run; false for the old, faster setting")
 )
 
@@ -148,6 +148,9 @@ func main() {
 	}
 	if only["indexes"] {
 		b.indexAblation(ctx) // the schema's ablations: only when asked for
+	}
+	if only["statements"] {
+		b.statementCosts(ctx) // what checks and triggers cost a statement: only when asked for
 	}
 	b.print()
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -52,18 +53,32 @@ const minimalCompleteSQL = `
 // minimalQueue inserts n no-op jobs into the minimal queue on a fresh database and returns the
 // rate at which two clients burn them down.
 func (b *bench) minimalQueue(ctx context.Context, n int) float64 {
-	db := open(ctx, b.freshDB(ctx), 4)
+	db := b.minimalDB(ctx, n)
 	defer db.Close()
-	if _, err := db.Exec(ctx, minimalSchemaSQL); err != nil {
-		fail(fmt.Errorf("minimal queue: schema: %w", err))
-	}
-	if _, err := db.Exec(ctx, `INSERT INTO minq.jobs (kind) SELECT 'noop' FROM generate_series(1, $1)`, n); err != nil {
-		fail(fmt.Errorf("minimal queue: insert: %w", err))
-	}
-	if _, err := db.Exec(ctx, `VACUUM ANALYZE minq.jobs`); err != nil {
-		fail(fmt.Errorf("minimal queue: analyze: %w", err))
-	}
 	return float64(n) / minimalDrain(ctx, db, n, 2).Seconds()
+}
+
+// minimalQueueConcurrent is minimalQueue with the jobs run on 100 runner goroutines.
+func (b *bench) minimalQueueConcurrent(ctx context.Context, n int) float64 {
+	db := b.minimalDB(ctx, n)
+	defer db.Close()
+	return float64(n) / minimalConcurrentDrain(ctx, db, n, 2, 100).Seconds()
+}
+
+// minimalDB is a fresh database holding the minimal queue with n no-op jobs, vacuumed and
+// analyzed, and a pool of connections to it.
+func (b *bench) minimalDB(ctx context.Context, n int) *pgxpool.Pool {
+	db := open(ctx, b.freshDB(ctx), 4)
+	for _, q := range []string{minimalSchemaSQL, `INSERT INTO minq.jobs (kind) SELECT 'noop' FROM generate_series(1, $1)`, `VACUUM ANALYZE minq.jobs`} {
+		var args []any
+		if strings.Contains(q, "$1") {
+			args = []any{n}
+		}
+		if _, err := db.Exec(ctx, q, args...); err != nil {
+			fail(fmt.Errorf("minimal queue: %w", err))
+		}
+	}
+	return db
 }
 
 // minimalDrain runs clients claim-and-complete loops until n jobs are completed.
@@ -108,3 +123,95 @@ func minimalDrain(ctx context.Context, db *pgxpool.Pool, n, clients int) time.Du
 	wg.Wait()
 	return time.Since(began)
 }
+
+// minimalConcurrent is the minimal queue whose jobs are run as a Go queue runs handlers: each on
+// one of a bounded number of runner goroutines, under a context of its own that the queue can
+// cancel (context.WithCancelCause), its result handed back to the client that claimed it, which
+// completes its claim's jobs in one statement once all of them have returned. The SQL, the
+// clients and the batches are the minimal queue's: what it adds is the worker's share of
+// running handlers concurrently, which any queue that runs them so pays, and nothing else (no
+// lease, fence, renewal, history or notification).
+const minimalConcurrent = "minimal queue, concurrent handlers"
+
+// minimalRun is one claimed job handed to a runner.
+type minimalRun struct {
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	id     int64
+	done   chan<- int64
+}
+
+// minimalConcurrentDrain is minimalDrain with every claimed job run by one of slots runner
+// goroutines.
+func minimalConcurrentDrain(ctx context.Context, db *pgxpool.Pool, n, clients, slots int) time.Duration {
+	runs := make(chan minimalRun) // unbuffered: a job waits for an idle runner, as for a free slot
+	var runners sync.WaitGroup
+	for range slots {
+		runners.Add(1)
+		go func() {
+			defer runners.Done()
+			for r := range runs {
+				err := minimalHandler(r.ctx)
+				r.cancel(err) // the attempt is over: its context ends, as a queue ends it
+				r.done <- r.id
+			}
+		}()
+	}
+	var done atomic.Int64
+	var wg sync.WaitGroup
+	began := time.Now()
+	for c := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			worker := fmt.Sprintf("minimal-%d", c)
+			results := make(chan int64, slots)
+			var ids []int64
+			for done.Load() < int64(n) {
+				rows, err := db.Query(ctx, minimalClaimSQL, worker)
+				if err != nil {
+					fail(fmt.Errorf("minimal queue, concurrent handlers: claim: %w", err))
+				}
+				ids = ids[:0]
+				for rows.Next() {
+					var id int64
+					rows.Scan(&id)
+					ids = append(ids, id)
+				}
+				if err := rows.Err(); err != nil {
+					fail(fmt.Errorf("minimal queue, concurrent handlers: claim: %w", err))
+				}
+				if len(ids) == 0 {
+					if time.Since(began) > time.Minute {
+						fail(fmt.Errorf("minimal queue, concurrent handlers: nothing claimed after %s with %d of %d done", time.Since(began), done.Load(), n))
+					}
+					time.Sleep(time.Millisecond) // the other client holds the last rows
+					continue
+				}
+				// results has room for every job of the claim: a runner never waits to hand one back.
+				for _, id := range ids {
+					jctx, cancel := context.WithCancelCause(ctx)
+					runs <- minimalRun{ctx: jctx, cancel: cancel, id: id, done: results}
+				}
+				finished := make([]int64, 0, len(ids))
+				for range ids {
+					finished = append(finished, <-results)
+				}
+				tag, err := db.Exec(ctx, minimalCompleteSQL, finished, worker)
+				if err != nil {
+					fail(fmt.Errorf("minimal queue, concurrent handlers: complete: %w", err))
+				}
+				done.Add(tag.RowsAffected())
+			}
+		}()
+	}
+	wg.Wait()
+	d := time.Since(began)
+	close(runs)
+	runners.Wait()
+	return d
+}
+
+// minimalHandler is the no-op handler of minimalConcurrentDrain: it reads its context, as a
+// handler does.
+func minimalHandler(ctx context.Context) error { return ctx.Err() }

@@ -32,6 +32,8 @@ func (b *bench) burnDown100(ctx context.Context) {
 	logf("%s", scenario)
 	ts := []trial{{system: minimal, higherBetter: true, run: func() float64 {
 		return b.minimalQueue(ctx, n)
+	}}, {system: minimalConcurrent, baseline: []string{minimal}, higherBetter: true, run: func() float64 {
+		return b.minimalQueueConcurrent(ctx, n)
 	}}, {system: floor, baseline: []string{minimal}, higherBetter: true, run: func() float64 {
 		db := open(ctx, b.freshDB(ctx), 10)
 		defer db.Close()
@@ -43,7 +45,7 @@ func (b *bench) burnDown100(ctx context.Context) {
 			return b.riverBurn(ctx, n, 100, t)
 		}})
 	}
-	ts = append(ts, trial{system: "leash", baseline: []string{"River tuned", minimal, floor}, run: func() float64 {
+	ts = append(ts, trial{system: "leash", baseline: []string{"River tuned", minimal, minimalConcurrent, floor}, run: func() float64 {
 		return b.leashBurn(ctx, n, pool.Config{Concurrency: 100})
 	}})
 	b.trials(scenario, "jobs/s", "jobs/s", ts)
