@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"runtime/pprof"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -784,7 +785,7 @@ func (p *Pool) claimUncapped(sctx context.Context, queues []string, limit int) (
 		if err != nil {
 			// Neither statement committed: write the outcomes the usual way (retried, split
 			// when the database refuses one), then report the claim's failure.
-			p.flush(items)
+			p.flush(items, nil)
 			return 0, err
 		}
 		written := make(map[int64]string, len(ws))
@@ -863,12 +864,16 @@ func (p *Pool) startAll(jobs []store.ClaimedJob, sentAt time.Time) {
 }
 
 // takeOutcomes takes the outcomes waiting for the finisher, without waiting.
-func (p *Pool) takeOutcomes() []finishItem {
+func (p *Pool) takeOutcomes() []finishItem { return p.appendOutcomes(nil) }
+
+// appendOutcomes appends the outcomes waiting for the finisher to items (up to finishBatch in
+// all), without waiting.
+func (p *Pool) appendOutcomes(items []finishItem) []finishItem {
 	n := min(len(p.finishCh), finishBatch)
 	if n == 0 {
-		return nil
+		return items
 	}
-	items := make([]finishItem, 0, n) // more may come meanwhile: append makes room
+	items = slices.Grow(items, n) // more may come meanwhile: append makes room
 	for len(items) < finishBatch {
 		select {
 		case it := <-p.finishCh:

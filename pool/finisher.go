@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -27,6 +28,7 @@ func (p *Pool) runFinisher(stop <-chan struct{}) {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	backoff := 50 * time.Millisecond
+	sc := &finishScratch{}
 	for {
 		var retry <-chan time.Time
 		if p.deferredCount() > 0 {
@@ -42,21 +44,21 @@ func (p *Pool) runFinisher(stop <-chan struct{}) {
 			case <-stop:
 				timer.Stop()
 			}
-			p.flushQueued()
+			p.flushQueued(sc)
 		case <-retry:
 			before := p.deferredCount()
-			p.flush(p.takeDeferred())
+			p.flush(p.takeDeferred(), sc)
 			if p.deferredCount() < before {
 				backoff = 50 * time.Millisecond
 			} else {
 				backoff = min(2*backoff, time.Second)
 			}
 		case <-stop:
-			p.flushQueued()
+			p.flushQueued(sc)
 			deadline := time.Now().Add(p.cfg.ShutdownTimeout)
 			for p.deferredCount() > 0 && time.Now().Before(deadline) {
 				time.Sleep(backoff)
-				p.flush(p.takeDeferred())
+				p.flush(p.takeDeferred(), sc)
 				backoff = min(2*backoff, time.Second)
 			}
 			for _, it := range p.takeDeferred() {
@@ -67,21 +69,67 @@ func (p *Pool) runFinisher(stop <-chan struct{}) {
 	}
 }
 
+// finishScratch is what the finisher reuses from one batch to the next rather than allocate for
+// each: the outcomes taken from finishCh, the rows of the statement's arrays and the states
+// written. Only the finisher's goroutine uses it, and nothing keeps a reference into it past
+// flush; it is cleared after each batch, so that no finished job stays reachable from it.
+type finishScratch struct {
+	items   []finishItem
+	outs    []store.Outcome
+	written map[int64]string
+}
+
+// outcomes is a slice of n outcomes to fill: sc's, or a new one when sc is nil.
+func (sc *finishScratch) outcomes(n int) []store.Outcome {
+	if sc == nil {
+		return make([]store.Outcome, n)
+	}
+	sc.outs = slices.Grow(sc.outs[:0], n)[:n]
+	return sc.outs
+}
+
+// writtenStates is an empty map for the states a batch of n writes: sc's, or a new one.
+func (sc *finishScratch) writtenStates(n int) map[int64]string {
+	if sc == nil {
+		return make(map[int64]string, n)
+	}
+	if sc.written == nil {
+		sc.written = make(map[int64]string, finishBatch)
+	}
+	clear(sc.written)
+	return sc.written
+}
+
+// done drops what the last batch left in sc.
+func (sc *finishScratch) done() {
+	if sc != nil {
+		clear(sc.outs)
+		clear(sc.written)
+	}
+}
+
 // flushQueued writes every outcome queued for the finisher.
-func (p *Pool) flushQueued() {
-	for items := p.takeOutcomes(); len(items) > 0; items = p.takeOutcomes() {
-		p.flush(items)
+func (p *Pool) flushQueued(sc *finishScratch) {
+	for {
+		sc.items = p.appendOutcomes(sc.items[:0])
+		if len(sc.items) == 0 {
+			return
+		}
+		p.flush(sc.items, sc)
+		clear(sc.items)
 	}
 }
 
 // flush writes a batch and settles every job in it: written, fenced off (stale), or deferred when
-// another transaction holds its row or the database cannot say.
-func (p *Pool) flush(batch []finishItem) {
+// another transaction holds its row or the database cannot say. sc, when not nil, lends the
+// batch's buffers (the finisher's).
+func (p *Pool) flush(batch []finishItem, sc *finishScratch) {
 	if len(batch) == 0 {
 		return
 	}
-	written := make(map[int64]string, len(batch))
-	p.write(batch, written)
+	defer sc.done()
+	written := sc.writtenStates(len(batch))
+	p.write(batch, written, sc)
 	p.settleAll(batch, written)
 	if len(written) > 0 && p.queues.anyCapped() {
 		// A capped queue counts running rows: these were still running until now, so a claim
@@ -188,11 +236,11 @@ func (p *Pool) giveUp(it finishItem, why string) {
 // rejects the statement itself, one item's content is at fault: the batch is split in halves
 // until the bad outcome is alone, so that one bad outcome never holds back or drops the others;
 // that one is then written without its details.
-func (p *Pool) write(items []finishItem, written map[int64]string) {
+func (p *Pool) write(items []finishItem, written map[int64]string, sc *finishScratch) {
 	backoff := 20 * time.Millisecond
 	deadline := time.Now().Add(time.Second)
 	for {
-		outs := make([]store.Outcome, len(items))
+		outs := sc.outcomes(len(items))
 		for i := range items {
 			outs[i] = items[i].out
 		}
@@ -211,15 +259,15 @@ func (p *Pool) write(items []finishItem, written map[int64]string) {
 		if rejected(err) {
 			if len(items) > 1 {
 				mid := len(items) / 2
-				p.write(items[:mid], written)
-				p.write(items[mid:], written)
+				p.write(items[:mid], written, sc)
+				p.write(items[mid:], written, sc)
 				return
 			}
 			it := items[0]
 			p.log.Error("database rejected a job outcome; writing it without its details",
 				slog.Int64("job_id", it.job.claim.ID), slog.String("outcome", it.out.State), slog.Any("err", err))
 			if bare, ok := withoutDetails(it, err); ok {
-				p.write([]finishItem{bare}, written)
+				p.write([]finishItem{bare}, written, sc)
 			}
 			return
 		}

@@ -34,8 +34,10 @@ func TestWriteSplitsRejectedBatch(t *testing.T) {
 	}
 	bad := jobs[6].ID
 	items[6].out.State = "exploded" // violates jobs_state_check whatever its text
-	written := map[int64]string{}
-	p.write(items, written)
+	// The finisher's buffers: the halves a rejection splits the batch into reuse them.
+	sc := &finishScratch{}
+	written := sc.writtenStates(len(items))
+	p.write(items, written, sc)
 	if len(written) != 9 {
 		t.Fatalf("wrote %d outcomes, want 9: %v", len(written), written)
 	}
