@@ -100,10 +100,22 @@ func (sc *finishScratch) writtenStates(n int) map[int64]string {
 	return sc.written
 }
 
-// done drops what the last batch left in sc.
+// done drops what the last batch left in sc: every outcome its buffer held (a split batch
+// leaves it shorter than what it filled), and the buffers themselves after a batch larger than
+// finishBatch (outcomes deferred through an outage), so that one spike is not kept, nor cleared
+// again at every batch, for the rest of the worker's life.
 func (sc *finishScratch) done() {
-	if sc != nil {
-		clear(sc.outs)
+	if sc == nil {
+		return
+	}
+	if cap(sc.outs) > finishBatch {
+		sc.outs = nil
+	} else {
+		clear(sc.outs[:cap(sc.outs)])
+	}
+	if len(sc.written) > finishBatch {
+		sc.written = nil
+	} else {
 		clear(sc.written)
 	}
 }

@@ -58,3 +58,35 @@ func ensureAndClaim(ctx context.Context, db store.DBTX, p store.ClaimParams) ([]
 	}
 	return store.Claim(ctx, db.(store.Batcher), p) // a pool, a connection or a transaction
 }
+
+// The finisher's buffers keep nothing of a batch once it is written: not the outcomes a split
+// batch's last half left past its length, not the buffers of a batch larger than finishBatch.
+func TestFinishScratchKeepsNothing(t *testing.T) {
+	t.Parallel()
+	sc := &finishScratch{}
+	outs := sc.outcomes(5)
+	for i := range outs {
+		outs[i] = store.Outcome{ID: int64(i + 1), Output: []byte(`{}`), Error: &store.AttemptError{Error: "x"}}
+	}
+	sc.outcomes(1) // the last half of a split batch
+	sc.done()
+	for i, o := range sc.outs[:cap(sc.outs)] {
+		if o.ID != 0 || o.Output != nil || o.Error != nil {
+			t.Fatalf("outcome %d kept after the batch: %+v", i, o)
+		}
+	}
+	written := sc.writtenStates(1)
+	for i := range finishBatch + 1 {
+		written[int64(i)] = store.StateCompleted
+	}
+	sc.outcomes(finishBatch + 1)
+	sc.done()
+	if sc.outs != nil || sc.written != nil {
+		t.Fatalf("buffers of a batch larger than %d kept: %d outcomes, %d states", finishBatch, cap(sc.outs), len(sc.written))
+	}
+	if len(sc.writtenStates(1)) != 0 || len(sc.outcomes(2)) != 2 {
+		t.Fatal("buffers not usable again after being dropped")
+	}
+	var nilScratch *finishScratch
+	nilScratch.done() // the claim path's flush has none
+}
