@@ -83,6 +83,14 @@ func (b *bench) minimalDB(ctx context.Context, n int) *pgxpool.Pool {
 
 // minimalDrain runs clients claim-and-complete loops until n jobs are completed.
 func minimalDrain(ctx context.Context, db *pgxpool.Pool, n, clients int) time.Duration {
+	return minimalClients(ctx, db, n, clients, minimal, nil)
+}
+
+// minimalClients runs clients claim-and-complete loops until n jobs are completed and returns
+// how long they took. newRun, when not nil, gives each client the function that runs its
+// claim's jobs and returns their ids to complete; without it a claim's jobs are completed as
+// claimed.
+func minimalClients(ctx context.Context, db *pgxpool.Pool, n, clients int, system string, newRun func() func(ids []int64) []int64) time.Duration {
 	var done atomic.Int64
 	var wg sync.WaitGroup
 	began := time.Now()
@@ -91,10 +99,14 @@ func minimalDrain(ctx context.Context, db *pgxpool.Pool, n, clients int) time.Du
 		go func() {
 			defer wg.Done()
 			worker := fmt.Sprintf("minimal-%d", c)
+			var run func([]int64) []int64
+			if newRun != nil {
+				run = newRun()
+			}
 			for done.Load() < int64(n) {
 				rows, err := db.Query(ctx, minimalClaimSQL, worker)
 				if err != nil {
-					fail(fmt.Errorf("minimal queue: claim: %w", err))
+					fail(fmt.Errorf("%s: claim: %w", system, err))
 				}
 				var ids []int64
 				for rows.Next() {
@@ -103,18 +115,21 @@ func minimalDrain(ctx context.Context, db *pgxpool.Pool, n, clients int) time.Du
 					ids = append(ids, id)
 				}
 				if err := rows.Err(); err != nil {
-					fail(fmt.Errorf("minimal queue: claim: %w", err))
+					fail(fmt.Errorf("%s: claim: %w", system, err))
 				}
 				if len(ids) == 0 {
 					if time.Since(began) > time.Minute {
-						fail(fmt.Errorf("minimal queue: nothing claimed after %s with %d of %d done", time.Since(began), done.Load(), n))
+						fail(fmt.Errorf("%s: nothing claimed after %s with %d of %d done", system, time.Since(began), done.Load(), n))
 					}
 					time.Sleep(time.Millisecond) // the other client holds the last rows
 					continue
 				}
+				if run != nil {
+					ids = run(ids)
+				}
 				tag, err := db.Exec(ctx, minimalCompleteSQL, ids, worker)
 				if err != nil {
-					fail(fmt.Errorf("minimal queue: complete: %w", err))
+					fail(fmt.Errorf("%s: complete: %w", system, err))
 				}
 				done.Add(tag.RowsAffected())
 			}
@@ -157,56 +172,21 @@ func minimalConcurrentDrain(ctx context.Context, db *pgxpool.Pool, n, clients, s
 			}
 		}()
 	}
-	var done atomic.Int64
-	var wg sync.WaitGroup
-	began := time.Now()
-	for c := range clients {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			worker := fmt.Sprintf("minimal-%d", c)
-			results := make(chan int64, slots)
-			var ids []int64
-			for done.Load() < int64(n) {
-				rows, err := db.Query(ctx, minimalClaimSQL, worker)
-				if err != nil {
-					fail(fmt.Errorf("minimal queue, concurrent handlers: claim: %w", err))
-				}
-				ids = ids[:0]
-				for rows.Next() {
-					var id int64
-					rows.Scan(&id)
-					ids = append(ids, id)
-				}
-				if err := rows.Err(); err != nil {
-					fail(fmt.Errorf("minimal queue, concurrent handlers: claim: %w", err))
-				}
-				if len(ids) == 0 {
-					if time.Since(began) > time.Minute {
-						fail(fmt.Errorf("minimal queue, concurrent handlers: nothing claimed after %s with %d of %d done", time.Since(began), done.Load(), n))
-					}
-					time.Sleep(time.Millisecond) // the other client holds the last rows
-					continue
-				}
-				// results has room for every job of the claim: a runner never waits to hand one back.
-				for _, id := range ids {
-					jctx, cancel := context.WithCancelCause(ctx)
-					runs <- minimalRun{ctx: jctx, cancel: cancel, id: id, done: results}
-				}
-				finished := make([]int64, 0, len(ids))
-				for range ids {
-					finished = append(finished, <-results)
-				}
-				tag, err := db.Exec(ctx, minimalCompleteSQL, finished, worker)
-				if err != nil {
-					fail(fmt.Errorf("minimal queue, concurrent handlers: complete: %w", err))
-				}
-				done.Add(tag.RowsAffected())
+	d := minimalClients(ctx, db, n, clients, minimalConcurrent, func() func([]int64) []int64 {
+		results := make(chan int64, slots)
+		return func(ids []int64) []int64 {
+			// results has room for every job of the claim: a runner never waits to hand one back.
+			for _, id := range ids {
+				jctx, cancel := context.WithCancelCause(ctx)
+				runs <- minimalRun{ctx: jctx, cancel: cancel, id: id, done: results}
 			}
-		}()
-	}
-	wg.Wait()
-	d := time.Since(began)
+			finished := make([]int64, 0, len(ids))
+			for range ids {
+				finished = append(finished, <-results)
+			}
+			return finished
+		}
+	})
 	close(runs)
 	runners.Wait()
 	return d
